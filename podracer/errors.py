@@ -1,0 +1,12 @@
+"""The one exception type users see.
+
+Anything a user can fix (a flag, an environment id, a device split, a checkpoint)
+is raised as `PodracerError` with a one-line message that says what to do. The
+launcher prints it without a traceback and exits with status 2.
+"""
+
+
+class PodracerError(Exception):
+    """A problem the user can fix; the message is one line and says how."""
+
+    exit_code = 2

@@ -1,0 +1,79 @@
+"""Protocol layer: the only module that knows about meshes, axes and collectives.
+
+Every architecture builds its device mesh here and names its axes with the
+constants below, so a pure update written with `axis_names=(DATA_AXIS,)` works
+unchanged under Anakin (all devices) and Sebulba (learner devices only).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from podracer.errors import PodracerError
+
+# Data parallelism: environments (Anakin), trajectories (Sebulba learner) and
+# population members (ES) are split along this axis.
+DATA_AXIS = "data"
+
+
+def make_mesh(devices: Sequence[jax.Device] | None = None, axis: str = DATA_AXIS) -> Mesh:
+    """A one-axis mesh over `devices` (default: every device of every process).
+
+    Axes are `Auto` so the compiler is free to place intermediates; explicit
+    placement happens through `shard_map` specs.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise PodracerError("no devices to build a mesh on; check --devices / the JAX platform")
+    return Mesh(np.asarray(devices), (axis,), axis_types=(AxisType.Auto,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Sharding of an array that every device holds whole."""
+    return NamedSharding(mesh, P())
+
+
+def sharded(mesh: Mesh, axis: str = DATA_AXIS) -> NamedSharding:
+    """Sharding of an array split along its leading dimension over `axis`."""
+    return NamedSharding(mesh, P(axis))
+
+
+def split_evenly(total: int, parts: int, what: str, flag: str) -> int:
+    """`total / parts`, or a one-line error telling the user how to fix `flag`."""
+    if total <= 0:
+        raise PodracerError(f"{flag} must be positive, got {total}")
+    if total % parts:
+        lower = max(parts, total - total % parts)
+        raise PodracerError(
+            f"{flag}={total} {what} do not split over {parts} devices; "
+            f"use a multiple of {parts} (e.g. {flag}={lower})"
+        )
+    return total // parts
+
+
+def pmean(tree, axis_names: Sequence[str]):
+    """Mean over the named axes; identity when there are none (single device)."""
+    if not axis_names:
+        return tree
+    return jax.lax.pmean(tree, tuple(axis_names))
+
+
+def psum(tree, axis_names: Sequence[str]):
+    """Sum over the named axes; identity when there are none."""
+    if not axis_names:
+        return tree
+    return jax.lax.psum(tree, tuple(axis_names))
+
+
+def axis_offset(local_size: int, axis_names: Sequence[str]):
+    """Global index of this shard's first element along the data axes."""
+    if not axis_names:
+        return 0
+    index = 0
+    for name in axis_names:
+        index = index * jax.lax.axis_size(name) + jax.lax.axis_index(name)
+    return index * local_size
