@@ -1,0 +1,125 @@
+"""Pure-JAX environments for Anakin: a gymnax adapter with auto-reset and episode stats.
+
+The protocol every Anakin environment follows (single, unbatched env; Anakin
+vmaps it):
+
+    reset(key) -> (state, timestep)
+    step(key, state, action) -> (state, timestep)
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podracer.errors import PodracerError
+
+
+class TimeStep(NamedTuple):
+    """What an environment answers. After a step that ends an episode, `obs` is
+    already the first observation of the next one and `final_obs` the last of the
+    old one; `episode_return`/`episode_length` describe the episode that ended."""
+
+    obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+class EnvState(NamedTuple):
+    inner: Any
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+class EnvSpec(NamedTuple):
+    """Static description of an environment's spaces."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: Any
+    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
+    discrete: bool
+    action_low: np.ndarray | None
+    action_high: np.ndarray | None
+
+
+def gymnax_ids() -> list[str]:
+    import gymnax
+
+    return list(gymnax.registered_envs)
+
+
+class GymnaxEnv:
+    """Any gymnax environment, as a pure Anakin environment.
+
+    Continuous actions are clipped to the action space's bounds before stepping.
+    """
+
+    def __init__(self, env_id: str):
+        import gymnax
+
+        if env_id not in gymnax.registered_envs:
+            close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise PodracerError(f"unknown gymnax environment {env_id!r}{hint}; "
+                                f"pass --env with one of gymnax.registered_envs")
+        self.env_id = env_id
+        self.env, self.params = gymnax.make(env_id)
+        space = self.env.action_space(self.params)
+        obs_space = self.env.observation_space(self.params)
+        discrete = hasattr(space, "n")
+        self.spec = EnvSpec(
+            obs_shape=tuple(obs_space.shape),
+            obs_dtype=jnp.float32 if obs_space.dtype in (jnp.float64, np.float64) else obs_space.dtype,
+            action_dim=int(space.n) if discrete else int(np.prod(space.shape)),
+            discrete=discrete,
+            action_low=None if discrete else np.broadcast_to(np.asarray(space.low, np.float32), space.shape),
+            action_high=None if discrete else np.broadcast_to(np.asarray(space.high, np.float32), space.shape),
+        )
+
+    def _env_action(self, action):
+        if self.spec.discrete:
+            return action
+        action = jnp.clip(action, self.spec.action_low, self.spec.action_high)
+        # gymnax's scalar continuous envs (Pendulum) take a shape-[] or [1] action.
+        return action.reshape(self.env.action_space(self.params).shape)
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        obs, inner = self.env.reset(key, self.params)
+        obs = obs.astype(self.spec.obs_dtype)
+        zero = jnp.zeros((), jnp.float32)
+        timestep = TimeStep(obs, zero, jnp.array(False), jnp.array(False), obs, zero,
+                            jnp.zeros((), jnp.int32))
+        return EnvState(inner, zero, jnp.zeros((), jnp.int32)), timestep
+
+    def step(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        obs, inner, reward, terminated, truncated, info = self.env.step(
+            key, state.inner, self._env_action(action), self.params)
+        reward = jnp.asarray(reward, jnp.float32)
+        done = jnp.logical_or(terminated, truncated)
+        episode_return = state.episode_return + reward
+        episode_length = state.episode_length + 1
+        timestep = TimeStep(
+            obs=obs.astype(self.spec.obs_dtype),
+            reward=reward,
+            terminated=jnp.asarray(terminated, bool),
+            truncated=jnp.logical_and(truncated, jnp.logical_not(terminated)),
+            final_obs=info["final_observation"].astype(self.spec.obs_dtype),
+            episode_return=episode_return,
+            episode_length=episode_length,
+        )
+        new_state = EnvState(inner, jnp.where(done, 0.0, episode_return),
+                             jnp.where(done, 0, episode_length))
+        return new_state, timestep
+
+
+def make_env(env_id: str) -> GymnaxEnv:
+    """The Anakin environment for `env_id` (gymnax ids, e.g. CartPole-v1, Pendulum-v1)."""
+    return GymnaxEnv(env_id)

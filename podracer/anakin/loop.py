@@ -1,0 +1,146 @@
+"""Anakin: acting and learning in one jitted program, sharded over every device.
+
+Each device steps its slice of the environment batch, the PPO update averages
+gradients over the mesh's data axis with `lax.pmean`, and `updates_per_call`
+updates run inside one `lax.scan` so the host only wakes up to log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from podracer import parallel
+from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
+from podracer.errors import PodracerError
+from podracer.ppo import PPOConfig, Transition, init_train_state, make_update, policy_inputs
+from podracer.types import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class AnakinConfig:
+    """How Anakin produces experience; sizes are global (over every device)."""
+
+    num_envs: int = 64
+    """Environments stepped in parallel, split evenly over every device."""
+    rollout_len: int = 64
+    """Environment steps per environment between two updates."""
+    updates_per_call: int = 8
+    """Updates fused into one jitted call; the host syncs (and logs) between calls."""
+
+
+class RunnerState(NamedTuple):
+    train: TrainState  # replicated
+    env_state: EnvState  # [num_envs, ...], sharded
+    obs: jax.Array  # [num_envs, ...], sharded: the observation to act on next
+    key: jax.Array  # replicated
+
+
+class Layout(NamedTuple):
+    """Sizes derived from the config and the mesh, never written back into either."""
+
+    num_devices: int
+    envs_per_device: int
+    steps_per_update: int  # global env steps
+
+
+def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> Layout:
+    num_devices = mesh.devices.size
+    for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len),
+                        ("--updates-per-call", config.updates_per_call)):
+        if value <= 0:
+            raise PodracerError(f"{flag} must be positive, got {value}")
+    envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
+    if config.rollout_len % ppo_config.minibatches:
+        raise PodracerError(
+            f"--rollout-len={config.rollout_len} does not split into --minibatches="
+            f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
+    return Layout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
+
+
+def _env_keys(key: jax.Array, num_local: int, axis_names) -> jax.Array:
+    """One key per environment, from its global index: independent of the device split."""
+    index = parallel.axis_offset(num_local, axis_names) + jnp.arange(num_local)
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
+
+
+def _sample(dist, keys):
+    return jax.vmap(lambda d, k: d.sample(k))(dist, keys)
+
+
+def make_anakin(
+    env: GymnaxEnv,
+    network,
+    optimizer: optax.GradientTransformation,
+    ppo_config: PPOConfig,
+    config: AnakinConfig,
+    mesh: Mesh,
+) -> tuple[Callable[[jax.Array], RunnerState], Callable[[RunnerState], tuple[RunnerState, Any]]]:
+    """Build the jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)`.
+
+    `train` runs `config.updates_per_call` updates and donates its input. Its
+    metrics are stacked over those updates: the PPO losses plus `episodes`,
+    `episode_return_sum` and `episode_length_sum` of episodes that ended.
+    """
+    layout = make_layout(config, ppo_config, mesh)
+    axes = (parallel.DATA_AXIS,)
+    apply_fn = network.apply
+    update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
+    local_envs = layout.envs_per_device
+
+    def _rollout_keys(key):
+        # Every (step, env) key at once, as one vectorised computation outside the
+        # sequential loop: [T, B, 2] (action key, env key).
+        step_keys = jax.random.split(key, config.rollout_len)
+        env_keys = jax.vmap(lambda k: _env_keys(k, local_envs, axes))(step_keys)
+        return jax.vmap(jax.vmap(jax.random.split))(env_keys)
+
+    def init(key):
+        param_key, env_key, run_key = jax.random.split(key, 3)
+        params = network.init(param_key, jnp.zeros((1, *env.spec.obs_shape), env.spec.obs_dtype))
+        train = init_train_state(params, optimizer, env.spec.obs_shape)
+        env_state, timestep = jax.vmap(env.reset)(_env_keys(env_key, local_envs, axes))
+        return RunnerState(train, env_state, timestep.obs, run_key)
+
+    def env_step(params, obs_stats, carry, keys):
+        env_state, obs = carry
+        dist, value = apply_fn(params, policy_inputs(obs, obs_stats, ppo_config))
+        action = _sample(dist, keys[:, 0])
+        env_state, ts = jax.vmap(env.step)(keys[:, 1], env_state, action)
+        return (env_state, ts.obs), (obs, action, dist.log_prob(action), value, ts)
+
+    def train_step(runner: RunnerState, _):
+        key, rollout_key, update_key = jax.random.split(runner.key, 3)
+        train = runner.train
+        step = lambda c, k: env_step(train.params, train.obs_stats, c, k)
+        (env_state, obs), (obs_t, action, log_prob, value, ts) = jax.lax.scan(
+            step, (runner.env_state, runner.obs), _rollout_keys(rollout_key))
+        ts: TimeStep
+        # Values of the observations that ended truncated episodes, and of the next
+        # observation, by the same (behaviour) parameters, in one batched call each.
+        _, final_value = apply_fn(train.params, policy_inputs(ts.final_obs, train.obs_stats, ppo_config))
+        _, bootstrap_value = apply_fn(train.params, policy_inputs(obs, train.obs_stats, ppo_config))
+        batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
+                           final_value)
+        train, metrics = update(train, batch, bootstrap_value, update_key)
+        done = jnp.logical_or(ts.terminated, ts.truncated)
+        metrics.update(parallel.psum({
+            "episodes": done.sum(),
+            "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),
+            "episode_length_sum": jnp.where(done, ts.episode_length, 0).sum(),
+        }, axes))
+        return RunnerState(train, env_state, obs, key), metrics
+
+    def train(runner):
+        return jax.lax.scan(train_step, runner, length=config.updates_per_call)
+
+    specs = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS), key=P())
+    init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=specs))
+    train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(specs,), out_specs=(specs, P())),
+                            donate_argnums=0)
+    return init_sharded, train_sharded

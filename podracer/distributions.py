@@ -1,0 +1,63 @@
+"""Action distributions as small pytrees: a policy network returns one of these.
+
+Both carry only arrays, so they pass through `jit`, `vmap` and `shard_map`
+untouched, and the PPO loss never needs to know which kind of action space it
+is learning on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Categorical:
+    """Discrete actions; `logits` has shape [..., num_actions]."""
+
+    logits: jax.Array
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.categorical(key, self.logits)
+
+    def mode(self) -> jax.Array:
+        return jnp.argmax(self.logits, axis=-1)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        log_p = jax.nn.log_softmax(self.logits)
+        return jnp.take_along_axis(log_p, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    def entropy(self) -> jax.Array:
+        log_p = jax.nn.log_softmax(self.logits)
+        return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+
+
+@struct.dataclass
+class DiagGaussian:
+    """Continuous actions; `mean` and `log_std` have shape [..., action_dim].
+
+    Samples are unbounded: environments clip them to their action bounds, and the
+    log-probability is that of the unclipped sample, as in most PPO references.
+    """
+
+    mean: jax.Array
+    log_std: jax.Array
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        noise = jax.random.normal(key, self.mean.shape, self.mean.dtype)
+        return self.mean + jnp.exp(self.log_std) * noise
+
+    def mode(self) -> jax.Array:
+        return self.mean
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        z = (action - self.mean) * jnp.exp(-self.log_std)
+        per_dim = -0.5 * z**2 - self.log_std - 0.5 * math.log(2 * math.pi)
+        return jnp.sum(per_dim, axis=-1)
+
+    def entropy(self) -> jax.Array:
+        per_dim = self.log_std + 0.5 * (1.0 + math.log(2 * math.pi))
+        return jnp.sum(jnp.broadcast_to(per_dim, self.mean.shape), axis=-1)

@@ -1,0 +1,118 @@
+"""Actor-critic networks: an MLP for vector observations, Nature-CNN for pixels.
+
+Every network maps a batch of observations to `(distribution, value)`, which is
+the `apply_fn` contract used by PPO, the actors and `load_policy`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podracer.distributions import Categorical, DiagGaussian
+
+ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+def _dense(features: int, scale: float) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
+                    bias_init=nn.initializers.zeros)
+
+
+class MLP(nn.Module):
+    hidden: Sequence[int]
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, x):
+        act = ACTIVATIONS[self.activation]
+        for width in self.hidden:
+            x = act(_dense(width, np.sqrt(2))(x))
+        return x
+
+
+class PolicyHead(nn.Module):
+    """Categorical logits for `num_actions`, or a state-independent-std Gaussian."""
+
+    action_dim: int
+    discrete: bool
+
+    @nn.compact
+    def __call__(self, x):
+        out = _dense(self.action_dim, 0.01)(x)
+        if self.discrete:
+            return Categorical(logits=out)
+        log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        return DiagGaussian(mean=out, log_std=jnp.broadcast_to(log_std, out.shape))
+
+
+class MLPActorCritic(nn.Module):
+    """Separate actor and critic MLPs (sharing hurts on small control tasks)."""
+
+    action_dim: int
+    discrete: bool
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    obs_rank: int = 1  # trailing observation dimensions, flattened before the MLP
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
+        dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden, self.activation)(x))
+        value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(x))[..., 0]
+        return dist, value
+
+
+class NatureCNN(nn.Module):
+    """The DQN torso (Mnih et al. 2015) on [..., H, W, C] or [..., C, H, W] uint8 frames."""
+
+    channels_last: bool = False
+
+    @nn.compact
+    def __call__(self, frames):
+        x = frames.astype(jnp.float32) / 255.0
+        if not self.channels_last:  # envpool yields [C, H, W]
+            x = jnp.moveaxis(x, -3, -1)
+        for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID",
+                                kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        x = x.reshape(x.shape[:-3] + (-1,))
+        return nn.relu(_dense(512, np.sqrt(2))(x))
+
+
+class CNNActorCritic(nn.Module):
+    """Nature-CNN torso shared by a categorical policy head and a value head."""
+
+    action_dim: int
+    channels_last: bool = False
+
+    @nn.compact
+    def __call__(self, frames):
+        hidden = NatureCNN(self.channels_last)(frames)
+        dist = PolicyHead(self.action_dim, discrete=True)(hidden)
+        value = _dense(1, 1.0)(hidden)[..., 0]
+        return dist, value
+
+
+def make_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
+                 hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> nn.Module:
+    """Nature-CNN for frames big enough for its 8x8/4 first layer, an MLP otherwise.
+
+    Frames are channels-first ([C, H, W], envpool's layout) when the leading
+    dimension is the smallest, channels-last ([H, W, C]) otherwise.
+    """
+    if len(obs_shape) == 3 and discrete:
+        channels_last = obs_shape[-1] <= obs_shape[0]
+        spatial = obs_shape[:2] if channels_last else obs_shape[1:]
+        if min(spatial) >= 36:
+            return CNNActorCritic(action_dim, channels_last=channels_last)
+    return MLPActorCritic(action_dim, discrete, tuple(hidden), activation, len(obs_shape))
+
+
+def init_params(network: nn.Module, obs_shape: Sequence[int], obs_dtype, key: jax.Array):
+    """Parameters for `network`, initialised from a single dummy observation."""
+    return network.init(key, jnp.zeros((1, *obs_shape), obs_dtype))

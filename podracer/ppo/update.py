@@ -1,0 +1,128 @@
+"""The pure PPO update step, and the acting function that goes with it."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from podracer import parallel
+from podracer.normalize import RunningStats, init_stats, normalize, update_stats
+from podracer.ppo.config import PPOConfig
+from podracer.ppo.gae import gae_advantages
+from podracer.ppo.losses import Samples, ppo_loss
+from podracer.types import Params, TrainState, Transition
+
+ApplyFn = Callable  # (params, obs) -> (distribution, value)
+
+
+def init_train_state(params: Params, optimizer: optax.GradientTransformation,
+                     obs_shape: Sequence[int]) -> TrainState:
+    """A fresh train state for `params`."""
+    return TrainState(params=params, opt_state=optimizer.init(params),
+                      obs_stats=init_stats(obs_shape), step=jnp.zeros((), jnp.int32))
+
+
+def policy_inputs(obs: jax.Array, obs_stats: RunningStats, config: PPOConfig) -> jax.Array:
+    """What the network sees: raw observations, or standardised ones."""
+    return normalize(obs_stats, obs) if config.normalize_observations else obs
+
+
+def make_act(apply_fn: ApplyFn, config: PPOConfig, deterministic: bool = False) -> Callable:
+    """`act(params, obs_stats, obs, key) -> (action, log_prob, value)` for a batch of obs."""
+
+    def act(params, obs_stats, obs, key):
+        dist, value = apply_fn(params, policy_inputs(obs, obs_stats, config))
+        action = dist.mode() if deterministic else dist.sample(key)
+        return action, dist.log_prob(action), value
+
+    return act
+
+
+def _shuffle_time(tree, key: jax.Array, env_offset, num_envs: int):
+    """Permute each environment column's T rows with its own key.
+
+    The key of column b is derived from its *global* index, so a batch split over
+    any number of devices is shuffled exactly as it would be on one device.
+    """
+    env_index = env_offset + jnp.arange(num_envs)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(env_index)
+    num_steps = jax.tree.leaves(tree)[0].shape[0]
+    order = jax.vmap(lambda k: jax.random.permutation(k, num_steps))(keys).T  # [T, B]
+
+    def take(x):
+        index = order.reshape(order.shape + (1,) * (x.ndim - 2))
+        return jnp.take_along_axis(x, index, axis=0)
+
+    return jax.tree.map(take, tree)
+
+
+def make_update(
+    apply_fn: ApplyFn,
+    optimizer: optax.GradientTransformation,
+    config: PPOConfig,
+    axis_names: Sequence[str] = (),
+) -> Callable:
+    """Build `update(state, batch, bootstrap_value, key) -> (state, metrics)`.
+
+    Args:
+      apply_fn: `(params, obs) -> (distribution, value)` on a batch of observations.
+      optimizer: any optax transformation (add gradient clipping to it yourself).
+      config: the algorithm's settings.
+      axis_names: mesh axes the batch is split over (e.g. `(parallel.DATA_AXIS,)`
+        inside `shard_map`). Gradients, advantage statistics and metrics are
+        averaged over them with `lax.pmean`; leave empty on a single device.
+
+    The returned function is pure and jittable. `batch` is a time-major
+    `Transition` [T, B, ...]; `bootstrap_value` [B] is the behaviour value of the
+    observation after the last row. Each epoch shuffles every environment's T
+    steps and cuts them into `config.minibatches` minibatches of T / minibatches
+    steps of every environment. After the epochs the observation statistics
+    absorb the batch, so acting and learning always see the same normalisation.
+    """
+    axis_names = tuple(axis_names)
+
+    def loss_fn(params, samples):
+        return ppo_loss(params, apply_fn, samples, config, axis_names)
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def minibatch_step(carry, samples: Samples):
+        params, opt_state = carry
+        grads, metrics = grad_fn(params, samples)
+        grads = parallel.pmean(grads, axis_names)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+    def update(state: TrainState, batch: Transition, bootstrap_value: jax.Array, key: jax.Array):
+        num_steps, num_envs = batch.reward.shape
+        if num_steps % config.minibatches:
+            raise ValueError(f"rollout length {num_steps} does not split into {config.minibatches} minibatches")
+        advantage, target = gae_advantages(
+            batch.reward, batch.value, bootstrap_value, batch.terminated, batch.truncated,
+            batch.final_value, config.gamma, config.gae_lambda)
+        data = Samples(policy_inputs(batch.obs, state.obs_stats, config), batch.action,
+                       batch.log_prob, batch.value, advantage, target)
+        env_offset = parallel.axis_offset(num_envs, axis_names)
+
+        def epoch(carry, epoch_key):
+            shuffled = _shuffle_time(data, epoch_key, env_offset, num_envs)
+            minibatches = jax.tree.map(
+                lambda x: x.reshape((config.minibatches, -1) + x.shape[2:]), shuffled)
+            return jax.lax.scan(minibatch_step, carry, minibatches,
+                                unroll=config.unroll_minibatches)
+
+        epoch_keys = jax.random.split(key, config.epochs)
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state), epoch_keys, unroll=config.unroll_minibatches)
+        obs_stats = state.obs_stats
+        if config.normalize_observations:
+            obs_stats = update_stats(obs_stats, batch.obs, axis_names)
+        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = parallel.pmean(metrics, axis_names)
+        new_state = TrainState(params, opt_state, obs_stats, state.step + 1)
+        return new_state, metrics
+
+    return update
