@@ -1,0 +1,150 @@
+"""The command line: flags mapped onto the frozen config dataclasses, one dispatch.
+
+Nothing below this module reads `sys.argv` or the environment. Flags are
+generated from the dataclass fields (their docstrings are the help text), so a
+new setting is one field. Precedence: dataclass default < preset for the
+(arch, algo, env) triple < flag given on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import sys
+import textwrap
+import typing
+from typing import Any, Sequence
+
+from podracer import config as run_config
+from podracer.anakin.loop import AnakinConfig
+from podracer.errors import PodracerError
+from podracer.presets import preset_for
+from podracer.ppo.config import PPOConfig
+
+# Every config class the command line fills, by the name its section has in --help.
+SECTIONS: dict[str, type] = {
+    "run": run_config.RunConfig,
+    "ppo": PPOConfig,
+    "anakin": AnakinConfig,
+    "optimizer": run_config.OptimConfig,
+    "network": run_config.NetworkConfig,
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        raise PodracerError(f"{message} (see --help)")
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of a dataclass."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _positive_or_any(kind):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python launch/tpu.py",
+        description="Train with podracer. Runs on every device JAX sees (all TPU cores of a "
+                    "TPU VM, forced CPU devices with --cpu-devices).",
+        allow_abbrev=False)
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        docs = _field_docs(cls)
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            kind = hints[field.name]
+            help_text = f"{docs.get(field.name, '')} (default: {field.default})"
+            if kind is bool:
+                group.add_argument(_flag(field.name), dest=field.name, default=None,
+                                   action=argparse.BooleanOptionalAction, help=help_text)
+            elif typing.get_origin(kind) is tuple:
+                element = typing.get_args(kind)[0]
+                group.add_argument(_flag(field.name), dest=field.name, default=None, nargs="+",
+                                   type=_positive_or_any(element), metavar=element.__name__.upper(),
+                                   help=help_text)
+            else:
+                choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS}.get(field.name)
+                group.add_argument(_flag(field.name), dest=field.name, default=None,
+                                   type=_positive_or_any(kind), choices=choices,
+                                   metavar=kind.__name__.upper() if not choices else None,
+                                   help=help_text)
+    return parser
+
+
+def parse_configs(argv: Sequence[str]) -> dict[str, Any]:
+    """Parse `argv` into one instance of each config class, keyed by section."""
+    args = vars(build_parser().parse_args(list(argv)))
+    given = {name: value for name, value in args.items() if value is not None}
+    run_fields = {**{f.name: f.default for f in dataclasses.fields(run_config.RunConfig)}, **given}
+    chosen = preset_for(run_fields["arch"], run_fields["algo"], run_fields["env"])
+    values = {**chosen, **given}
+    configs = {}
+    for section, cls in SECTIONS.items():
+        names = {field.name for field in dataclasses.fields(cls)}
+        kwargs = {name: (tuple(value) if isinstance(value, list) else value)
+                  for name, value in values.items() if name in names}
+        try:
+            configs[section] = cls(**kwargs)
+        except ValueError as err:
+            raise PodracerError(f"{err}; fix the flag") from None
+    return configs
+
+
+def run(argv: Sequence[str]) -> dict:
+    """Parse, configure JAX's devices, and run; returns the run's summary."""
+    configs = parse_configs(argv)
+    run_cfg: run_config.RunConfig = configs["run"]
+    if run_cfg.cpu_devices < 0:
+        raise PodracerError(f"--cpu-devices must be >= 0, got {run_cfg.cpu_devices}")
+    if run_cfg.cpu_devices:
+        import jax
+
+        # Only effective before JAX's CPU backend starts, which nothing above has done.
+        jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)
+    if (run_cfg.arch, run_cfg.algo) != ("anakin", "ppo"):
+        raise PodracerError(f"--arch={run_cfg.arch} --algo={run_cfg.algo} is not available yet; "
+                            f"use --arch=anakin --algo=ppo")
+    from podracer.anakin.train import train_ppo
+
+    summary, _ = train_ppo(run_cfg, configs["ppo"], configs["anakin"], configs["optimizer"],
+                           configs["network"])
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: exit status 0, or 2 with one line on stderr for a user error."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        run(argv)
+    except PodracerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

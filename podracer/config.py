@@ -1,0 +1,71 @@
+"""Run-level settings: one frozen dataclass per concern.
+
+Algorithm settings live with their algorithm (`podracer.ppo.PPOConfig`),
+architecture settings with their architecture (`podracer.anakin.AnakinConfig`).
+Sizes that depend on the devices are derived by pure functions at run time and
+never written back into a config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optax
+
+ARCHS = ("anakin", "sebulba")
+ALGOS = ("ppo", "es")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What to run, where its results go."""
+
+    arch: str = "anakin"
+    """Architecture: anakin (env and learner on the accelerator) or sebulba (envs on host CPU)."""
+    algo: str = "ppo"
+    """Algorithm: ppo or es."""
+    env: str = "CartPole-v1"
+    """Environment id (gymnax ids for anakin, envpool ids for sebulba)."""
+    seed: int = 0
+    """Random seed; the same seed and global sizes give the same run on any device count."""
+    total_steps: int = 500_000
+    """Environment steps to train for (over every device)."""
+    run_dir: str = "runs/latest"
+    """Directory for metrics.jsonl and summary.json."""
+    cpu_devices: int = 0
+    """On a CPU-only machine, split the CPU into this many JAX devices (0: JAX's default)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Adam with global-norm clipping and an optional linear learning-rate decay."""
+
+    lr: float = 2.5e-4
+    """Learning rate."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to zero over the run."""
+    max_grad_norm: float = 0.5
+    """Clip gradients to this global norm."""
+    adam_eps: float = 1e-5
+    """Adam's epsilon."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig:
+    """Actor-critic network for vector observations (pixels get Nature-CNN)."""
+
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and the critic MLPs."""
+    activation: str = "tanh"
+    """Hidden activation: tanh or relu."""
+
+
+def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    """The optax chain for `config`; `total_steps` optimiser steps for the decay.
+
+    Wrapped in `optax.flatten` so clipping and Adam run on one vector rather than
+    one small array per layer: fewer, larger kernels on every backend.
+    """
+    lr = optax.linear_schedule(config.lr, 0.0, max(1, total_steps)) if config.anneal_lr else config.lr
+    return optax.flatten(optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                                     optax.adam(lr, eps=config.adam_eps)))
