@@ -12,7 +12,8 @@ What the tests can script:
   snapshot per GetGuestAttributes (`worker_states`);
 - failures: `fail(method, code, times)` makes the next calls fail, and with
   `after_effect=True` the call takes effect before failing (a lost response);
-- `create_error`: the create operation finishes with this error instead;
+- `create_error`: the create operation finishes with this error, leaving
+  the node behind in CREATING;
 - `on_call(method, fn)`: run `fn()` when `method` is served.
 
 Every request is recorded in `requests` as `(method, message)`.
@@ -190,11 +191,13 @@ class FakeTpuService:
         name = f"{request.parent}/nodes/{request.node_id}"
         if name in self.nodes:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"{name} already exists")
+        self.nodes[name] = slot = self._new_node(name, request.node)
         if self.create_error is not None:
+            # As with a real stockout, the node is left behind, half made.
+            slot.script = []
             code, message = self.create_error
             error = status_pb2.Status(code=code.value[0], message=message)
             return self._new_operation(request.parent, lambda: True, None, error)
-        self.nodes[name] = slot = self._new_node(name, request.node)
         return self._new_operation(
             request.parent,
             lambda: slot.message.state != NodeState.CREATING,
