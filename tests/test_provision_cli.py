@@ -282,6 +282,41 @@ def test_ctrl_c_during_the_run_deletes_the_slice(cli, service):
     assert service.nodes == {}
 
 
+def test_ctrl_c_while_the_create_is_in_flight_still_deletes_the_slice(cli, service):
+    service.on_call("CreateNode", _thread.interrupt_main, after_effect=True)
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 130
+    assert "interrupted; TPU slice-1 deleted" in _single_error_line(err)
+    assert service.requests_of("DeleteNode") and service.nodes == {}
+
+
+def test_a_failed_clean_up_says_how_to_finish_it(cli, service):
+    service.worker_states = [["exit=1"] * 4]
+    service.fail("DeleteNode", grpc.StatusCode.PERMISSION_DENIED, message="no delete for you")
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "worker 0 exited 1" in line and "deleting TPU slice-1 failed too" in line
+    assert "no delete for you" in line
+    assert f"delete it with: python launch/tpu.py down --tpu={NAME} --zone={ZONE}" in line
+    assert list(service.nodes) == [NODE]
+
+
+def test_a_refused_create_reports_that_nothing_was_left(cli, service):
+    service.fail("CreateNode", grpc.StatusCode.UNAVAILABLE, times=10_000)
+
+    status, out, err = cli("--retry-deadline=0.3", *TRAINING)
+
+    assert status == 2
+    line = _single_error_line(err)
+    assert "stayed unavailable" in line and "no TPU was left behind" in line
+    assert service.requests_of("DeleteNode") and service.nodes == {}
+
+
 def test_status_and_down_of_a_missing_slice_say_so(cli, service):
     for verb in ("status", "down"):
         status, out, err = cli(f"--tpu={NAME}", verb=verb, slice_flags=False)
@@ -330,3 +365,59 @@ def test_dry_run_of_up_with_keep_never_deletes(cli, service):
     assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
         "CreateQueuedResource", "GetQueuedResource", "GetNode"]
     assert service.requests == []
+
+
+@pytest.fixture
+def adc_env(monkeypatch, tmp_path):
+    """Application Default Credentials from a file of our choosing, and nothing else."""
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    monkeypatch.delenv("GCLOUD_PROJECT", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+
+    def use(path):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+
+    return use
+
+
+def test_no_credentials_is_one_line_naming_the_login_command(adc_env, tmp_path, capsys):
+    adc_env(tmp_path / "missing.json")
+
+    status = main(["status", f"--tpu={NAME}", f"--zone={ZONE}", f"--project={PROJECT}"])
+
+    assert status == 2
+    line = _single_error_line(capsys.readouterr().err)
+    assert "no Google Cloud credentials found" in line
+    assert "gcloud auth application-default login" in line
+
+
+def test_credentials_never_appear_in_the_output(adc_env, tmp_path, capsys):
+    secrets = {"client_secret": "CLIENT-SECRET-7f3a", "refresh_token": "1//REFRESH-TOKEN-9c2e"}
+    key_file = tmp_path / "adc.json"
+    key_file.write_text(json.dumps({"type": "authorized_user", "client_id": "id-1", **secrets}))
+    adc_env(key_file)
+
+    # Not loopback, so ADC is used; the host does not resolve, so every call fails.
+    status = main(["status", f"--tpu={NAME}", f"--zone={ZONE}", f"--project={PROJECT}",
+                   "--retry-deadline=0.5", "--api-endpoint=tpu.invalid:443"])
+
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert "stayed unavailable" in _single_error_line(err)
+    for secret in secrets.values():
+        assert secret not in out + err
+
+
+def test_a_loopback_endpoint_needs_no_credentials_but_a_project(adc_env, tmp_path, server, capsys):
+    adc_env(tmp_path / "missing.json")
+
+    status = main(["list", f"--zone={ZONE}", f"--api-endpoint={server.endpoint}"])
+    assert status == 2
+    assert "pass --project=PROJECT_ID" in _single_error_line(capsys.readouterr().err)
+
+    status = main(["list", f"--zone={ZONE}", f"--project={PROJECT}",
+                   f"--api-endpoint={server.endpoint}"])
+    out, err = capsys.readouterr()
+    assert (status, err) == (0, "")
+    assert out == f"no TPUs in {ZONE} (project {PROJECT})\n"

@@ -14,7 +14,8 @@ What the tests can script:
   `after_effect=True` the call takes effect before failing (a lost response);
 - `create_error`: the create operation finishes with this error, leaving
   the node behind in CREATING;
-- `on_call(method, fn)`: run `fn()` when `method` is served.
+- `on_call(method, fn, after_effect=False)`: run `fn()` when `method` is
+  served, before it takes effect or (with `after_effect`) just after.
 
 Every request is recorded in `requests` as `(method, message)`.
 """
@@ -111,8 +112,8 @@ class FakeTpuService:
         self._failures.setdefault(method, []).append(
             _Failure(code, times, message, after_effect))
 
-    def on_call(self, method: str, hook: Callable[[], None]) -> None:
-        self._hooks[method] = hook
+    def on_call(self, method: str, hook: Callable[[], None], after_effect: bool = False) -> None:
+        self._hooks[method] = (hook, after_effect)
 
     def methods_called(self) -> list[str]:
         with self._lock:
@@ -127,14 +128,16 @@ class FakeTpuService:
     def _serve(self, method: str, handler, request, context):
         with self._lock:
             self.requests.append((method, request))
-            hook = self._hooks.get(method)
+            hook, hook_after_effect = self._hooks.get(method, (None, False))
             failure = self._take_failure(method)
-        if hook is not None:
+        if hook is not None and not hook_after_effect:
             hook()
         if failure is not None and not failure.after_effect:
             context.abort(failure.code, failure.message)
         with self._lock:
             response = handler(request, context)
+        if hook is not None and hook_after_effect:
+            hook()
         if failure is not None:
             context.abort(failure.code, failure.message)
         return response

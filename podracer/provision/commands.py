@@ -147,16 +147,18 @@ def launch_on_slice(api: TpuApi, create_request, launch_id: str, say: Say, *,
     Ctrl-C, unless `keep`.
     """
     spec = api.spec
-    might_exist = False
+    # From the moment the create is sent the slice may exist, even if the call is
+    # interrupted before its answer comes back.
+    might_exist = True
     say(f"creating TPU {spec.name} ({spec.accelerator_type}) in {spec.zone} ...")
     try:
         try:
             operation = create_slice(api, spec, create_request, launch_id)
         except ApiError as error:
-            # A create that kept failing with UNAVAILABLE may still have happened.
-            might_exist = not error.already_exists and error.maybe_applied
+            # A refused create made nothing, except one that kept failing with
+            # UNAVAILABLE, which the server may have carried out.
+            might_exist = error.maybe_applied
             raise
-        might_exist = True
         node = wait_until_ready(api, spec, operation, say)
         for line in describe_node(node) + where_to_look(spec, LAYOUT):
             say(line)
@@ -174,9 +176,22 @@ def launch_on_slice(api: TpuApi, create_request, launch_id: str, say: Say, *,
         raise _after_cleanup(api, spec, keep, say, error) from None
     if keep:
         say(f"kept TPU {spec.name} (--keep); delete it with: {down_command(spec)}")
-    else:
-        delete_slice(api, spec, say)
+        return 0
+    _, failed = _delete_and_describe(api, spec, say)
+    if failed:
+        raise PodracerError(f"the run finished, but {failed}")
     return 0
+
+
+def _delete_and_describe(api: TpuApi, spec: SliceSpec, say: Say) -> tuple[str, str | None]:
+    """Deletes the slice: (what happened, or None) and (what went wrong, or None)."""
+    try:
+        deleted = delete_slice(api, spec, say)
+    except (PodracerError, KeyboardInterrupt) as error:
+        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else error
+        return "", (f"deleting TPU {spec.name} failed too ({reason}); delete it with: "
+                    f"{down_command(spec)}")
+    return (f"TPU {spec.name} deleted" if deleted else "no TPU was left behind"), None
 
 
 def _after_cleanup(api: TpuApi, spec: SliceSpec, keep: bool, say: Say,
@@ -189,13 +204,8 @@ def _after_cleanup(api: TpuApi, spec: SliceSpec, keep: bool, say: Say,
     if keep:
         outcome = f"TPU {spec.name} kept (--keep); delete it with: {down_command(spec)}"
     else:
-        try:
-            delete_slice(api, spec, say)
-            outcome = f"TPU {spec.name} deleted"
-        except (PodracerError, KeyboardInterrupt) as cleanup_error:
-            reason = "interrupted" if isinstance(cleanup_error, KeyboardInterrupt) else cleanup_error
-            outcome = (f"deleting TPU {spec.name} failed too ({reason}); delete it with: "
-                       f"{down_command(spec)}")
+        done, failed = _delete_and_describe(api, spec, say)
+        outcome = failed or done
     reported = PodracerError(f"{message}; {outcome}")
     reported.exit_code = exit_code
     return reported

@@ -189,12 +189,13 @@ def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say) -> RunOut
         time.sleep(api.timing.poll_interval)
 
 
-def delete_slice(api: TpuApi, spec: SliceSpec, say: Say) -> None:
-    """Deletes the slice and waits until it is gone; a slice already gone is fine."""
+def delete_slice(api: TpuApi, spec: SliceSpec, say: Say) -> bool:
+    """Deletes the slice and waits until it is gone; False if there was none to delete."""
     say(f"deleting TPU {spec.name} ...")
     operation = api.send_or_none(requests.delete_request(spec), f"deleting TPU {spec.name}")
     if operation is None:
-        say(f"TPU {spec.name} is already gone")
-        return
+        say(f"TPU {spec.name} does not exist; nothing to delete")
+        return False
     api.wait_operation(operation, f"deleting TPU {spec.name}", api.timing.delete_timeout)
     say(f"deleted TPU {spec.name}")
+    return True
