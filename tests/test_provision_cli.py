@@ -5,8 +5,10 @@ import _thread
 import json
 import time
 
-import grpc
 import pytest
+
+pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
+import grpc
 from google.cloud import tpu_v2
 
 from podracer.provision import api_requests

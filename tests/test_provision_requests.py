@@ -1,6 +1,12 @@
 """Pure parts of the provisioner: flag parsing, request building, reports, git URLs."""
 
+import shutil
+import subprocess
+import sys
+
 import pytest
+
+pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
 from google.cloud import tpu_v2
 
 from podracer.errors import PodracerError
@@ -8,7 +14,7 @@ from podracer.provision import api_requests as requests
 from podracer.provision.api import is_loopback
 from podracer.provision.cli import main, parse_command
 from podracer.provision.report import describe_workers, list_table
-from podracer.provision.source import public_git_url
+from podracer.provision.source import default_install_spec, public_git_url
 from podracer.provision.spec import SliceSpec, default_runtime_version
 from podracer.provision.startup import WorkerState
 
@@ -165,3 +171,50 @@ def test_list_table_shows_nodes_and_waiting_queued_resources_once():
         ["a", "v4-8", "READY", "img", "yes"],
         ["b", "v4-32", "WAITING_FOR_RESOURCES", "-", "yes"],
     ]
+
+
+def test_without_the_tpu_extra_the_error_says_how_to_install_it(monkeypatch, capsys):
+    import podracer.provision as package
+
+    needs_extra = [name for name in sys.modules if name.startswith("podracer.provision.")
+                   and name.rsplit(".", 1)[1] not in ("cli", "spec", "startup")]
+    for name in needs_extra:
+        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delattr(package, name.rsplit(".", 1)[1], raising=False)
+    monkeypatch.setitem(sys.modules, "google.cloud.tpu_v2", None)
+    monkeypatch.delattr(sys.modules["google.cloud"], "tpu_v2", raising=False)
+
+    assert main(["list", "--zone=us-central2-b", "--project=p"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "needs google.cloud.tpu_v2" in err and "pip install 'podracer[tpu]'" in err
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                    *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_default_install_spec_pins_the_checked_out_commit(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "commit", "-qm", "first")
+    _git(tmp_path, "remote", "add", "origin", "https://me:ghp_TOKEN@github.com/me/podracer.git")
+    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], text=True,
+                            capture_output=True, check=True).stdout.strip()
+
+    spec, notes = default_install_spec(tmp_path)
+    assert spec == f"podracer @ git+https://github.com/me/podracer.git@{commit}"
+    assert len(notes) == 1 and "must be pushed" in notes[0] and "ghp_TOKEN" not in notes[0]
+
+    (tmp_path / "a.txt").write_text("two\n")
+    assert "uncommitted changes" in default_install_spec(tmp_path)[1][-1]
+
+
+def test_default_install_spec_without_git_uses_the_package_version(tmp_path, monkeypatch):
+    import podracer
+
+    monkeypatch.setattr(podracer, "__version__", "9.8.7", raising=False)
+    assert default_install_spec(tmp_path) == ("podracer==9.8.7", [])

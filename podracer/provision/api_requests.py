@@ -106,10 +106,13 @@ def rpc_name(request) -> str:
 
 
 def describe_requests(requests) -> str:
-    """The requests as a JSON array of `{"rpc": ..., "request": ...}`, as sent."""
+    """The requests as a JSON array of `{"rpc": ..., "request": ...}`, as sent.
+
+    Fields left at their defaults are not sent, so they are not shown either.
+    """
     described = [
-        {"rpc": rpc_name(request), "request": json.loads(
-            type(request).to_json(request, use_integers_for_enums=False))}
+        {"rpc": rpc_name(request), "request": json.loads(type(request).to_json(
+            request, use_integers_for_enums=False, always_print_fields_with_no_presence=False))}
         for request in requests
     ]
     return json.dumps(described, indent=2)

@@ -185,13 +185,13 @@ def main(argv: list[str]) -> int:
     0: done; 1: the run or the slice failed; 2: a problem with the command, the
     credentials or the API; 130: interrupted. Errors are one line on stderr.
     """
-    from podracer.provision.commands import execute
 
     def say(line: str) -> None:
         print(line, flush=True)
 
     try:
-        return execute(parse_command(argv), say)
+        command = parse_command(argv)
+        return _load_commands().execute(command, say)
     except PodracerError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
@@ -200,3 +200,19 @@ def main(argv: list[str]) -> int:
         return 130
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
+
+
+def _load_commands():
+    """The verbs, imported only once a command has parsed.
+
+    They need the Cloud TPU client libraries, an optional extra; without them a
+    user should get one line saying how to install them, not a traceback.
+    """
+    try:
+        from podracer.provision import commands
+    except ImportError as error:
+        if not (error.name or "").startswith(("google", "grpc", "proto")):
+            raise
+        raise PodracerError(f"the TPU provisioner needs {error.name}, which is missing; "
+                            "install it with: pip install 'podracer[tpu]'") from None
+    return commands
