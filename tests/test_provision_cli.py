@@ -423,3 +423,15 @@ def test_a_loopback_endpoint_needs_no_credentials_but_a_project(adc_env, tmp_pat
     out, err = capsys.readouterr()
     assert (status, err) == (0, "")
     assert out == f"no TPUs in {ZONE} (project {PROJECT})\n"
+
+
+def test_a_queued_resource_that_never_gets_capacity_gives_up_and_is_removed(cli, service):
+    service.queued_states = [QueuedState.WAITING_FOR_RESOURCES]
+
+    status, out, err = cli("--queued", "--ready-timeout=0.2", *TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "queued resource slice-1 was not provisioned after 0.2 s" in line
+    assert "TPU slice-1 deleted" in line
+    assert service.queued == {}

@@ -2,7 +2,6 @@
 python3 and curl, so the tests see exactly what a worker would execute."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -232,7 +232,6 @@ class FakeTpuService:
             self._abort_not_found(context, request.name)
         snapshot = self.worker_states[min(self._guest_calls, len(self.worker_states) - 1)]
         self._guest_calls += 1
-        namespace, _, key = request.query_path.rstrip("/").partition("/")
         attributes = []
         for value in snapshot:
             items = [] if value is None else [

@@ -52,9 +52,10 @@ def new_launch_id() -> str:
 class _Watch:
     """Prints `[  12s] what: STATE` when STATE changes; knows its deadline."""
 
-    def __init__(self, say: Say, what: str, timeout: float, give_up: str):
+    def __init__(self, say: Say, what: str, timeout: float, give_up: str,
+                 start: float | None = None):
         self._say, self._what, self._timeout, self._give_up = say, what, timeout, give_up
-        self._start = time.monotonic()
+        self._start = time.monotonic() if start is None else start
         self._last = None
 
     def show(self, state: str) -> None:
@@ -93,15 +94,18 @@ def _is_ours(api: TpuApi, spec: SliceSpec, launch_id: str) -> bool:
 
 
 def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> tpu_v2.Node:
-    """Waits for the slice to be READY (and, for a queued resource, ACTIVE first)."""
-    timing = api.timing
+    """Waits for the slice to be READY (and, for a queued resource, ACTIVE first).
+
+    Both waits share one deadline, `ready_timeout` from now.
+    """
+    timing, start = api.timing, time.monotonic()
     if spec.queued:
         if operation is not None:
             api.wait_operation(operation, f"queueing TPU {spec.name}", timing.ready_timeout)
-        _wait_until_active(api, spec, say)
+        _wait_until_active(api, spec, say, start)
         operation = None
     watch = _Watch(say, f"TPU {spec.name}", timing.ready_timeout,
-                   f"TPU {spec.name} was not ready")
+                   f"TPU {spec.name} was not ready", start)
     while True:
         if operation is not None and api.operation_done(operation, f"creating TPU {spec.name}"):
             operation = None
@@ -117,9 +121,9 @@ def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> tpu_v
         time.sleep(timing.poll_interval)
 
 
-def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say) -> None:
+def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say, start: float) -> None:
     watch = _Watch(say, f"queued resource {spec.name}", api.timing.ready_timeout,
-                   f"queued resource {spec.name} was not provisioned")
+                   f"queued resource {spec.name} was not provisioned", start)
     while True:
         resource = api.send(requests.get_queued_resource_request(spec),
                             f"reading queued resource {spec.name}")
