@@ -1,0 +1,118 @@
+"""The Cloud TPU API requests the provisioner sends, built by pure functions.
+
+Building every request here, apart from sending it, is what lets `--dry-run`
+print exactly what a real run would send.
+"""
+
+from __future__ import annotations
+
+import json
+
+from google.cloud import tpu_v2
+from google.protobuf import duration_pb2
+
+from podracer.provision.spec import SliceSpec
+
+STARTUP_SCRIPT_KEY = "startup-script"
+# Labels on every slice podracer creates. `podracer-launch` tells our own slice
+# apart from a stranger's of the same name when a create is retried.
+MANAGED_BY_LABEL = ("managed-by", "podracer")
+LAUNCH_ID_LABEL = "podracer-launch"
+GUEST_ATTRIBUTES_QUERY = "podracer/"
+
+
+def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.Node:
+    """The node to create: accelerator, image, billing tier, and the startup script."""
+    return tpu_v2.Node(
+        accelerator_type=spec.accelerator_type,
+        runtime_version=spec.runtime_version,
+        # A queued resource carries the spot tier itself; a node carries it here.
+        scheduling_config=tpu_v2.SchedulingConfig(
+            spot=spec.spot and not spec.queued, reserved=spec.reserved),
+        metadata={
+            STARTUP_SCRIPT_KEY: startup_script,
+            # Workers report their progress as guest attributes.
+            "enable-guest-attributes": "TRUE",
+        },
+        labels={MANAGED_BY_LABEL[0]: MANAGED_BY_LABEL[1], LAUNCH_ID_LABEL: launch_id},
+    )
+
+
+def create_node_request(spec: SliceSpec, node: tpu_v2.Node) -> tpu_v2.CreateNodeRequest:
+    return tpu_v2.CreateNodeRequest(parent=spec.parent, node_id=spec.name, node=node)
+
+
+def create_queued_resource_request(
+    spec: SliceSpec, node: tpu_v2.Node, ready_timeout: float, request_id: str
+) -> tpu_v2.CreateQueuedResourceRequest:
+    """A queued resource that the API itself gives up on after `ready_timeout`.
+
+    `request_id` makes a retried create idempotent on the server.
+    """
+    resource = tpu_v2.QueuedResource(
+        tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+            tpu_v2.QueuedResource.Tpu.NodeSpec(parent=spec.parent, node_id=spec.name, node=node)
+        ]),
+        queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(
+            valid_until_duration=duration_pb2.Duration(seconds=int(ready_timeout))),
+    )
+    if spec.spot:
+        resource.spot = tpu_v2.QueuedResource.Spot()
+    return tpu_v2.CreateQueuedResourceRequest(
+        parent=spec.parent,
+        queued_resource_id=spec.name,
+        queued_resource=resource,
+        request_id=request_id,
+    )
+
+
+def get_node_request(spec: SliceSpec) -> tpu_v2.GetNodeRequest:
+    return tpu_v2.GetNodeRequest(name=spec.node_path)
+
+
+def get_queued_resource_request(spec: SliceSpec) -> tpu_v2.GetQueuedResourceRequest:
+    return tpu_v2.GetQueuedResourceRequest(name=spec.queued_resource_path)
+
+
+def guest_attributes_request(spec: SliceSpec) -> tpu_v2.GetGuestAttributesRequest:
+    return tpu_v2.GetGuestAttributesRequest(name=spec.node_path, query_path=GUEST_ATTRIBUTES_QUERY)
+
+
+def list_nodes_request(spec: SliceSpec) -> tpu_v2.ListNodesRequest:
+    return tpu_v2.ListNodesRequest(parent=spec.parent)
+
+
+def list_queued_resources_request(spec: SliceSpec) -> tpu_v2.ListQueuedResourcesRequest:
+    return tpu_v2.ListQueuedResourcesRequest(parent=spec.parent)
+
+
+def delete_node_request(spec: SliceSpec) -> tpu_v2.DeleteNodeRequest:
+    return tpu_v2.DeleteNodeRequest(name=spec.node_path)
+
+
+def delete_queued_resource_request(spec: SliceSpec) -> tpu_v2.DeleteQueuedResourceRequest:
+    # force: delete the slice's node with it, so nothing billable is left behind.
+    return tpu_v2.DeleteQueuedResourceRequest(name=spec.queued_resource_path, force=True)
+
+
+def delete_request(spec: SliceSpec):
+    """How to delete the slice `spec` describes, node or queued resource."""
+    return delete_queued_resource_request(spec) if spec.queued else delete_node_request(spec)
+
+
+def rpc_name(request) -> str:
+    """`google.cloud.tpu.v2.Tpu/CreateNode` for a `CreateNodeRequest`."""
+    return "google.cloud.tpu.v2.Tpu/" + type(request).__name__.removesuffix("Request")
+
+
+def describe_requests(requests) -> str:
+    """The requests as a JSON array of `{"rpc": ..., "request": ...}`, as sent.
+
+    Fields left at their defaults are not sent, so they are not shown either.
+    """
+    described = [
+        {"rpc": rpc_name(request), "request": json.loads(type(request).to_json(
+            request, use_integers_for_enums=False, always_print_fields_with_no_presence=False))}
+        for request in requests
+    ]
+    return json.dumps(described, indent=2)

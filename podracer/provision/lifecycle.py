@@ -1,0 +1,205 @@
+"""A slice's life: create it and wait until ready, watch the run, delete it.
+
+Each wait polls at `Timing.poll_interval`, prints a line when the state it
+watches changes, and gives up at its own deadline.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from google.cloud import tpu_v2
+
+from podracer.errors import PodracerError
+from podracer.provision import api_requests as requests
+from podracer.provision.api import ApiError, TpuApi
+from podracer.provision.report import describe_workers
+from podracer.provision.spec import SliceSpec
+from podracer.provision.startup import (
+    GUEST_ATTRIBUTE_KEY,
+    GUEST_ATTRIBUTE_NAMESPACE,
+    WorkerState,
+    parse_worker_state,
+)
+
+Say = Callable[[str], None]
+NodeState = tpu_v2.Node.State
+QueuedState = tpu_v2.QueuedResourceState.State
+
+# States a node never comes back from on its own: the slice, and the run on it, are gone.
+LOST_NODE_STATES = {NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.STOPPED,
+                    NodeState.STOPPING, NodeState.DELETING, NodeState.HIDDEN}
+LOST_QUEUED_STATES = {QueuedState.SUSPENDING, QueuedState.SUSPENDED, QueuedState.DELETING}
+
+
+class RunFailed(PodracerError):
+    """The slice or the run on it failed (preempted, a worker exited non-zero, time ran out).
+
+    Not a mistake in the command, so the exit status is 1 rather than 2.
+    """
+
+    exit_code = 1
+
+
+def new_launch_id() -> str:
+    """Marks the slices one invocation creates (a label value: lowercase, digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+class _Watch:
+    """Prints `[  12s] what: STATE` when STATE changes; knows its deadline."""
+
+    def __init__(self, say: Say, what: str, timeout: float, give_up: str,
+                 start: float | None = None):
+        self._say, self._what, self._timeout, self._give_up = say, what, timeout, give_up
+        self._start = time.monotonic() if start is None else start
+        self._last = None
+
+    def show(self, state: str) -> None:
+        if state != self._last:
+            self._say(f"[{time.monotonic() - self._start:5.0f}s] {self._what}: {state}")
+            self._last = state
+
+    def check_deadline(self) -> None:
+        if time.monotonic() - self._start > self._timeout:
+            raise RunFailed(f"{self._give_up} after {self._timeout:g} s")
+
+
+def create_slice(api: TpuApi, spec: SliceSpec, create_request, launch_id: str):
+    """Sends the create request; returns its operation, or None if adopting our own slice.
+
+    A create whose response was lost is retried by the client and then meets
+    ALREADY_EXISTS. If the existing slice carries this launch's id, it is ours.
+    """
+    try:
+        return api.send(create_request, f"creating TPU {spec.name}")
+    except ApiError as error:
+        if error.already_exists and _is_ours(api, spec, launch_id):
+            return None
+        raise
+
+
+def _is_ours(api: TpuApi, spec: SliceSpec, launch_id: str) -> bool:
+    if spec.queued:
+        resource = api.send_or_none(requests.get_queued_resource_request(spec),
+                                    f"reading queued resource {spec.name}")
+        labels = resource.tpu.node_spec[0].node.labels if resource and resource.tpu.node_spec else {}
+    else:
+        found = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+        labels = found.labels if found else {}
+    return labels.get(requests.LAUNCH_ID_LABEL) == launch_id
+
+
+def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> tpu_v2.Node:
+    """Waits for the slice to be READY (and, for a queued resource, ACTIVE first).
+
+    Both waits share one deadline, `ready_timeout` from now.
+    """
+    timing, start = api.timing, time.monotonic()
+    if spec.queued:
+        if operation is not None:
+            api.wait_operation(operation, f"queueing TPU {spec.name}", timing.ready_timeout)
+        _wait_until_active(api, spec, say, start)
+        operation = None
+    watch = _Watch(say, f"TPU {spec.name}", timing.ready_timeout,
+                   f"TPU {spec.name} was not ready", start)
+    while True:
+        if operation is not None and api.operation_done(operation, f"creating TPU {spec.name}"):
+            operation = None
+        node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+        state = node.state if node is not None else NodeState.CREATING
+        watch.show(state.name)
+        if state in LOST_NODE_STATES:
+            raise RunFailed(f"TPU {spec.name} was {state.name} before it was ready; "
+                            "run again, or use --reserved or --queued for steadier capacity")
+        if state == NodeState.READY and operation is None:
+            return node
+        watch.check_deadline()
+        time.sleep(timing.poll_interval)
+
+
+def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say, start: float) -> None:
+    watch = _Watch(say, f"queued resource {spec.name}", api.timing.ready_timeout,
+                   f"queued resource {spec.name} was not provisioned", start)
+    while True:
+        resource = api.send(requests.get_queued_resource_request(spec),
+                            f"reading queued resource {spec.name}")
+        state = resource.state.state
+        watch.show(state.name)
+        if state == QueuedState.ACTIVE:
+            return
+        if state == QueuedState.FAILED:
+            reason = " ".join(resource.state.failed_data.error.message.split()) or "no reason given"
+            raise RunFailed(f"queued resource {spec.name} failed: {reason}; try another --zone "
+                            "or accelerator type")
+        if state in LOST_QUEUED_STATES:
+            raise RunFailed(f"queued resource {spec.name} was {state.name} (preempted) "
+                            "before it was ready; run again")
+        watch.check_deadline()
+        time.sleep(api.timing.poll_interval)
+
+
+def read_worker_states(api: TpuApi, spec: SliceSpec, workers: int) -> list[WorkerState]:
+    """What each worker last published; workers that have not reported are booting."""
+    response = api.send_or_none(requests.guest_attributes_request(spec),
+                                f"reading the workers of TPU {spec.name}")
+    values: list[str | None] = []
+    for attributes in response.guest_attributes if response is not None else []:
+        value = None
+        for entry in attributes.query_value.items:
+            if (entry.namespace, entry.key) == (GUEST_ATTRIBUTE_NAMESPACE, GUEST_ATTRIBUTE_KEY):
+                value = entry.value
+        values.append(value)
+    values += [None] * (workers - len(values))
+    return [parse_worker_state(value) for value in values]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    workers: tuple[WorkerState, ...]
+
+    @property
+    def succeeded(self) -> bool:
+        return all(worker.exit_code == 0 for worker in self.workers)
+
+    def failure(self) -> str:
+        failed = [f"worker {index} {worker.describe()}"
+                  for index, worker in enumerate(self.workers) if worker.failed]
+        return ", ".join(failed)
+
+
+def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say) -> RunOutcome:
+    """Waits until every worker has exited, or one has failed.
+
+    One failed worker ends the wait: the others are blocked in collectives with
+    it and will not finish.
+    """
+    watch = _Watch(say, "workers", api.timing.run_timeout, "the run was still going")
+    while True:
+        node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+        if node is None:
+            raise RunFailed(f"TPU {spec.name} was deleted while the run was going")
+        if node.state in LOST_NODE_STATES:
+            raise RunFailed(f"TPU {spec.name} was {node.state.name} during the run; its "
+                            "workers stopped; run again (resume from your last checkpoint)")
+        states = read_worker_states(api, spec, max(workers, 1))
+        watch.show(describe_workers(states))
+        if any(state.failed for state in states) or all(state.finished for state in states):
+            return RunOutcome(tuple(states))
+        watch.check_deadline()
+        time.sleep(api.timing.poll_interval)
+
+
+def delete_slice(api: TpuApi, spec: SliceSpec, say: Say) -> bool:
+    """Deletes the slice and waits until it is gone; False if there was none to delete."""
+    say(f"deleting TPU {spec.name} ...")
+    operation = api.send_or_none(requests.delete_request(spec), f"deleting TPU {spec.name}")
+    if operation is None:
+        say(f"TPU {spec.name} does not exist; nothing to delete")
+        return False
+    api.wait_operation(operation, f"deleting TPU {spec.name}", api.timing.delete_timeout)
+    say(f"deleted TPU {spec.name}")
+    return True

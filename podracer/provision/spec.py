@@ -1,0 +1,100 @@
+"""What to provision, how long to wait, and where things live on a worker.
+
+Frozen dataclasses filled in by the CLI; everything below the CLI takes them as
+arguments and never reads flags or the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Software images per TPU generation. A v4 slice needs the v4 image, a v5e slice
+# the v5 lite image, and so on; the wrong one fails late, at boot.
+_RUNTIME_BY_GENERATION = {
+    "v2": "tpu-ubuntu2204-base",
+    "v3": "tpu-ubuntu2204-base",
+    "v4": "tpu-ubuntu2204-base",
+    "v5litepod": "v2-alpha-tpuv5-lite",
+    "v5p": "v2-alpha-tpuv5",
+    "v6e": "v2-alpha-tpuv6e",
+}
+
+
+def default_runtime_version(accelerator_type: str) -> str | None:
+    """The TPU VM image for an accelerator type such as `v4-32`, or None if unknown."""
+    generation = accelerator_type.rsplit("-", 1)[0].lower()
+    return _RUNTIME_BY_GENERATION.get(generation)
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One TPU slice: where it is, what it is, and how it is billed."""
+
+    project: str
+    zone: str
+    name: str
+    accelerator_type: str = ""
+    runtime_version: str = ""
+    spot: bool = False
+    reserved: bool = False
+    queued: bool = False
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
+
+    @property
+    def node_path(self) -> str:
+        return f"{self.parent}/nodes/{self.name}"
+
+    @property
+    def queued_resource_path(self) -> str:
+        return f"{self.parent}/queuedResources/{self.name}"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Every wait is bounded; these are the bounds, in seconds.
+
+    `retry_deadline` bounds the retries of one call that keeps failing with
+    UNAVAILABLE or DEADLINE_EXCEEDED; `call_timeout` bounds a single attempt.
+    """
+
+    poll_interval: float = 10.0
+    ready_timeout: float = 3600.0
+    run_timeout: float = 24 * 3600.0
+    delete_timeout: float = 900.0
+    retry_deadline: float = 120.0
+    call_timeout: float = 60.0
+
+    @property
+    def retry_initial_delay(self) -> float:
+        # Tied to the poll interval so a fast-polling caller also retries fast.
+        return min(1.0, self.poll_interval)
+
+    @property
+    def retry_max_delay(self) -> float:
+        return 32 * self.retry_initial_delay
+
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    """Paths on every TPU worker; the startup script creates them."""
+
+    home: str = "/opt/podracer"
+
+    @property
+    def venv(self) -> str:
+        return f"{self.home}/venv"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.home}/run"
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.run_dir}/train.log"
+
+    @property
+    def exit_code_path(self) -> str:
+        return f"{self.run_dir}/exit_code"

@@ -1,0 +1,437 @@
+"""The provisioner end to end: the real `TpuClient` over plaintext gRPC against a
+scripted Cloud TPU API on 127.0.0.1 (tests/tpu_server.py)."""
+
+import _thread
+import json
+import time
+
+import pytest
+
+pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
+import grpc
+from google.cloud import tpu_v2
+
+from podracer.provision import api_requests
+from podracer.provision.cli import main
+from tests.tpu_server import FakeTpuService, NodeState, QueuedState, TpuServer
+
+NAME, ZONE, PROJECT = "slice-1", "us-central2-b", "proj"
+NODE = f"projects/{PROJECT}/locations/{ZONE}/nodes/{NAME}"
+QUEUED = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/{NAME}"
+INSTALL_SPEC = "podracer @ git+https://example.com/podracer.git@0123abc"
+TRAINING = ["--arch=sebulba", "--algo=ppo", "--env=Pong-v5"]
+
+
+@pytest.fixture
+def service():
+    return FakeTpuService(workers=4)
+
+
+@pytest.fixture
+def server(service):
+    with TpuServer(service) as running:
+        yield running
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    path = tmp_path / "tpu.py"
+    path.write_text("import sys\nprint(sys.argv)\n")
+    return path
+
+
+@pytest.fixture
+def cli(server, launcher, capsys):
+    """Runs the provisioner against the test server: (exit status, stdout, stderr)."""
+
+    def run(*argv, verb=None, slice_flags=True):
+        flags = [f"--zone={ZONE}", f"--project={PROJECT}",
+                 f"--api-endpoint={server.endpoint}", "--poll-interval=0.01",
+                 "--retry-deadline=2", "--ready-timeout=10", "--run-timeout=10"]
+        if slice_flags:
+            flags += [f"--tpu={NAME}", "--accelerator-type=v4-32", f"--launcher={launcher}",
+                      f"--install-spec={INSTALL_SPEC}"]
+        status = main(([verb] if verb else []) + flags + list(argv))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def _single_error_line(err: str) -> str:
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service):
+    status, out, err = cli(*TRAINING)
+
+    assert (status, err) == (0, "")
+    methods = service.methods_called()
+    assert methods[0] == "CreateNode" and methods[-1] == "DeleteNode"
+    assert "GetOperation" in methods and "GetGuestAttributes" in methods
+    (create,) = service.requests_of("CreateNode")
+    assert create.parent == f"projects/{PROJECT}/locations/{ZONE}" and create.node_id == NAME
+    assert create.node.accelerator_type == "v4-32"
+    assert create.node.runtime_version == "tpu-ubuntu2204-base"
+    script = create.node.metadata["startup-script"]
+    assert "launch/tpu.py \\\n  --arch=sebulba \\\n  --algo=ppo \\\n  --env=Pong-v5\n" in script
+    assert f"'jax[tpu]' '{INSTALL_SPEC}'\n" in script
+    assert service.nodes == {}
+    assert "TPU slice-1: CREATING" in out and "TPU slice-1: READY" in out
+    assert "workers: 4 installing" in out and "workers: 4 exited 0" in out
+    assert "/opt/podracer/run/train.log" in out
+    assert "deleted TPU slice-1" in out
+
+
+def test_up_leaves_it_running_status_reports_workers_and_down_deletes(cli, service):
+    service.worker_states = [["running"] * 4]
+
+    status, out, err = cli(*TRAINING, verb="up")
+    assert (status, err) == (0, "")
+    assert list(service.nodes) == [NODE]
+    assert "DeleteNode" not in service.methods_called()
+    assert f"until you run: python launch/tpu.py down --tpu={NAME} --zone={ZONE}" in out
+
+    status, out, err = cli(NAME, verb="status", slice_flags=False)
+    assert (status, err) == (0, "")
+    assert "TPU slice-1: READY" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ") and "10.0.0." in line]
+    assert rows == [[str(index), f"10.0.0.{index + 2}", "running"] for index in range(4)]
+
+    status, out, err = cli(f"--tpu={NAME}", verb="down", slice_flags=False)
+    assert (status, err) == (0, "")
+    assert service.nodes == {}
+    assert service.requests_of("DeleteNode")[0].name == NODE
+
+
+def test_list_shows_the_zone(cli, service):
+    service.worker_states = [["running"] * 4]
+    assert cli(*TRAINING, verb="up")[0] == 0
+
+    status, out, err = cli(verb="list", slice_flags=False)
+
+    assert (status, err) == (0, "")
+    assert out.splitlines()[1].split() == [NAME, "v4-32", "READY", "tpu-ubuntu2204-base", "-"]
+    assert service.requests_of("ListNodes")[0].parent == f"projects/{PROJECT}/locations/{ZONE}"
+
+
+def test_queued_spot_slice_waits_for_capacity_and_is_deleted_with_its_node(cli, service):
+    status, out, err = cli("--queued", "--spot", *TRAINING)
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateQueuedResource")
+    assert create.queued_resource_id == NAME and create.request_id
+    assert "spot" in create.queued_resource
+    assert create.queued_resource.queueing_policy.valid_until_duration.total_seconds() == 10
+    for state in ("WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"):
+        assert f"queued resource {NAME}: {state}" in out
+    (delete,) = service.requests_of("DeleteQueuedResource")
+    assert delete.name == QUEUED and delete.force
+    assert service.nodes == {} and service.queued == {}
+
+
+def test_failed_queued_resource_is_reported_and_removed(cli, service):
+    service.queued_states = [QueuedState.WAITING_FOR_RESOURCES, QueuedState.FAILED]
+
+    status, out, err = cli("--queued", *TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "queued resource slice-1 failed: no capacity" in line and "deleted" in line
+    assert service.queued == {}
+
+
+def test_preemption_during_the_run_is_reported_and_the_slice_deleted(cli, service):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY,
+                           NodeState.PREEMPTED]
+    service.worker_states = [["running"] * 4]
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "PREEMPTED" in line and "TPU slice-1 deleted" in line
+    assert service.nodes == {}
+
+
+def test_a_failed_worker_ends_the_run_with_status_1_and_the_slice_deleted(cli, service):
+    service.worker_states = [["running"] * 4, ["running", "exit=3", "running", "running"]]
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "worker 1 exited 3" in line and "TPU slice-1 deleted" in line
+    assert service.nodes == {}
+
+
+def test_keep_keeps_the_slice_even_after_a_failure(cli, service):
+    service.worker_states = [["exit=1"] * 4]
+
+    status, out, err = cli("--keep", *TRAINING)
+
+    assert status == 1
+    assert "kept (--keep)" in _single_error_line(err)
+    assert "DeleteNode" not in service.methods_called()
+    assert list(service.nodes) == [NODE]
+
+
+@pytest.mark.parametrize("code, fragment", [
+    (grpc.StatusCode.PERMISSION_DENIED, "permission denied while creating TPU slice-1"),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "no capacity or quota for v4-32 in us-central2-b"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "check --accelerator-type"),
+    (grpc.StatusCode.NOT_FOUND, "check --tpu, --zone and --project"),
+])
+def test_create_errors_are_one_line_exit_2_and_leave_nothing(cli, service, code, fragment):
+    service.fail("CreateNode", code, message="the server\nsays no")
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 2
+    line = _single_error_line(err)
+    assert fragment in line and "the server says no" in line
+    assert service.methods_called() == ["CreateNode"]
+    assert service.nodes == {}
+
+
+def test_a_stockout_reported_by_the_create_operation_deletes_the_half_made_slice(cli, service):
+    service.create_error = (grpc.StatusCode.RESOURCE_EXHAUSTED, "no more v4 in this zone")
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 2
+    line = _single_error_line(err)
+    assert "no capacity or quota" in line and "no more v4 in this zone" in line
+    assert "TPU slice-1 deleted" in line
+    assert service.requests_of("DeleteNode") and service.nodes == {}
+
+
+def test_unavailable_is_retried_with_backoff_until_it_works(cli, service):
+    service.fail("CreateNode", grpc.StatusCode.UNAVAILABLE, times=2)
+    service.fail("GetNode", grpc.StatusCode.UNAVAILABLE, times=3)
+    service.fail("GetOperation", grpc.StatusCode.DEADLINE_EXCEEDED, times=1)
+
+    status, out, err = cli(*TRAINING)
+
+    assert (status, err) == (0, "")
+    assert service.methods_called().count("CreateNode") == 3
+    assert service.nodes == {}
+
+
+def test_unavailable_forever_gives_up_in_bounded_time_and_still_cleans_up(cli, service):
+    service.fail("GetNode", grpc.StatusCode.UNAVAILABLE, times=10_000)
+
+    started = time.monotonic()
+    status, out, err = cli("--retry-deadline=0.5", *TRAINING)
+
+    assert time.monotonic() - started < 10
+    assert status == 2
+    line = _single_error_line(err)
+    assert "stayed unavailable for 0.5 s" in line and "TPU slice-1 deleted" in line
+    assert service.nodes == {}
+
+
+def test_a_lost_create_response_adopts_our_own_slice(cli, service):
+    service.fail("CreateNode", grpc.StatusCode.UNAVAILABLE, after_effect=True)
+
+    status, out, err = cli(*TRAINING)
+
+    assert (status, err) == (0, "")
+    assert service.methods_called().count("CreateNode") == 2
+    assert service.requests_of("DeleteNode") and service.nodes == {}
+
+
+def test_someone_elses_slice_of_the_same_name_is_left_alone(cli, service):
+    stranger = tpu_v2.Node(accelerator_type="v4-8", labels={api_requests.LAUNCH_ID_LABEL: "other"})
+    service.nodes[NODE] = service._new_node(NODE, stranger)
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 2
+    assert "a TPU named slice-1 already exists" in _single_error_line(err)
+    assert "DeleteNode" not in service.methods_called()
+    assert list(service.nodes) == [NODE]
+
+
+def test_slice_not_ready_in_time_is_deleted(cli, service):
+    service.node_states = [NodeState.CREATING]
+
+    status, out, err = cli("--ready-timeout=0.2", *TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "TPU slice-1 was not ready after 0.2 s" in line and "deleted" in line
+    assert service.nodes == {}
+
+
+def test_ctrl_c_during_the_run_deletes_the_slice(cli, service):
+    service.worker_states = [["running"] * 4]
+    interrupted = []
+
+    def press_ctrl_c():
+        if not interrupted:
+            interrupted.append(True)
+            _thread.interrupt_main()
+
+    service.on_call("GetGuestAttributes", press_ctrl_c)
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 130
+    assert "interrupted; TPU slice-1 deleted" in _single_error_line(err)
+    assert service.nodes == {}
+
+
+def test_ctrl_c_while_the_create_is_in_flight_still_deletes_the_slice(cli, service):
+    service.on_call("CreateNode", _thread.interrupt_main, after_effect=True)
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 130
+    assert "interrupted; TPU slice-1 deleted" in _single_error_line(err)
+    assert service.requests_of("DeleteNode") and service.nodes == {}
+
+
+def test_a_failed_clean_up_says_how_to_finish_it(cli, service):
+    service.worker_states = [["exit=1"] * 4]
+    service.fail("DeleteNode", grpc.StatusCode.PERMISSION_DENIED, message="no delete for you")
+
+    status, out, err = cli(*TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "worker 0 exited 1" in line and "deleting TPU slice-1 failed too" in line
+    assert "no delete for you" in line
+    assert f"delete it with: python launch/tpu.py down --tpu={NAME} --zone={ZONE}" in line
+    assert list(service.nodes) == [NODE]
+
+
+def test_a_refused_create_reports_that_nothing_was_left(cli, service):
+    service.fail("CreateNode", grpc.StatusCode.UNAVAILABLE, times=10_000)
+
+    status, out, err = cli("--retry-deadline=0.3", *TRAINING)
+
+    assert status == 2
+    line = _single_error_line(err)
+    assert "stayed unavailable" in line and "no TPU was left behind" in line
+    assert service.requests_of("DeleteNode") and service.nodes == {}
+
+
+def test_status_and_down_of_a_missing_slice_say_so(cli, service):
+    for verb in ("status", "down"):
+        status, out, err = cli(f"--tpu={NAME}", verb=verb, slice_flags=False)
+        assert status == 2
+        assert "no TPU named slice-1 in us-central2-b" in _single_error_line(err)
+    assert "DeleteNode" not in service.methods_called()
+
+
+def test_down_of_a_queued_slice_deletes_the_queued_resource_with_force(cli, service):
+    service.worker_states = [["running"] * 4]
+    assert cli("--queued", *TRAINING, verb="up")[0] == 0
+    assert list(service.nodes) == [NODE] and list(service.queued) == [QUEUED]
+
+    status, out, err = cli(NAME, verb="down", slice_flags=False)
+
+    assert (status, err) == (0, "")
+    (delete,) = service.requests_of("DeleteQueuedResource")
+    assert delete.name == QUEUED and delete.force
+    assert service.nodes == {} and service.queued == {}
+
+
+def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
+    status, out, err = cli("--dry-run", *TRAINING, "--note=$(rm -rf /)")
+
+    assert (status, err) == (0, "")
+    assert service.requests == []
+    requests_json, _, script = out.partition("# startup script")
+    sent = json.loads(requests_json)
+    assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
+        "CreateNode", "GetNode", "GetGuestAttributes", "DeleteNode"]
+    node = sent[0]["request"]["node"]
+    assert sent[0]["request"]["nodeId"] == NAME
+    assert node["acceleratorType"] == "v4-32"
+    assert node["runtimeVersion"] == "tpu-ubuntu2204-base"
+    printed_script = script.split("\n", 1)[1]
+    assert printed_script == node["metadata"]["startup-script"]
+    assert "'--note=$(rm -rf /)'" in printed_script
+    assert sent[3]["request"]["name"] == NODE
+
+
+def test_dry_run_of_up_with_keep_never_deletes(cli, service):
+    status, out, err = cli("--dry-run", "--queued", *TRAINING, verb="up")
+
+    assert (status, err) == (0, "")
+    sent = json.loads(out.partition("# startup script")[0])
+    assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
+        "CreateQueuedResource", "GetQueuedResource", "GetNode"]
+    assert service.requests == []
+
+
+@pytest.fixture
+def adc_env(monkeypatch, tmp_path):
+    """Application Default Credentials from a file of our choosing, and nothing else."""
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    monkeypatch.delenv("GCLOUD_PROJECT", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+
+    def use(path):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+
+    return use
+
+
+def test_no_credentials_is_one_line_naming_the_login_command(adc_env, tmp_path, capsys):
+    adc_env(tmp_path / "missing.json")
+
+    status = main(["status", f"--tpu={NAME}", f"--zone={ZONE}", f"--project={PROJECT}"])
+
+    assert status == 2
+    line = _single_error_line(capsys.readouterr().err)
+    assert "no Google Cloud credentials found" in line
+    assert "gcloud auth application-default login" in line
+
+
+def test_credentials_never_appear_in_the_output(adc_env, tmp_path, capsys):
+    secrets = {"client_secret": "CLIENT-SECRET-7f3a", "refresh_token": "1//REFRESH-TOKEN-9c2e"}
+    key_file = tmp_path / "adc.json"
+    key_file.write_text(json.dumps({"type": "authorized_user", "client_id": "id-1", **secrets}))
+    adc_env(key_file)
+
+    # Not loopback, so ADC is used; the host does not resolve, so every call fails.
+    status = main(["status", f"--tpu={NAME}", f"--zone={ZONE}", f"--project={PROJECT}",
+                   "--retry-deadline=0.5", "--api-endpoint=tpu.invalid:443"])
+
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert "stayed unavailable" in _single_error_line(err)
+    for secret in secrets.values():
+        assert secret not in out + err
+
+
+def test_a_loopback_endpoint_needs_no_credentials_but_a_project(adc_env, tmp_path, server, capsys):
+    adc_env(tmp_path / "missing.json")
+
+    status = main(["list", f"--zone={ZONE}", f"--api-endpoint={server.endpoint}"])
+    assert status == 2
+    assert "pass --project=PROJECT_ID" in _single_error_line(capsys.readouterr().err)
+
+    status = main(["list", f"--zone={ZONE}", f"--project={PROJECT}",
+                   f"--api-endpoint={server.endpoint}"])
+    out, err = capsys.readouterr()
+    assert (status, err) == (0, "")
+    assert out == f"no TPUs in {ZONE} (project {PROJECT})\n"
+
+
+def test_a_queued_resource_that_never_gets_capacity_gives_up_and_is_removed(cli, service):
+    service.queued_states = [QueuedState.WAITING_FOR_RESOURCES]
+
+    status, out, err = cli("--queued", "--ready-timeout=0.2", *TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "queued resource slice-1 was not provisioned after 0.2 s" in line
+    assert "TPU slice-1 deleted" in line
+    assert service.queued == {}

@@ -1,0 +1,220 @@
+"""Pure parts of the provisioner: flag parsing, request building, reports, git URLs."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
+from google.cloud import tpu_v2
+
+from podracer.errors import PodracerError
+from podracer.provision import api_requests as requests
+from podracer.provision.api import is_loopback
+from podracer.provision.cli import main, parse_command
+from podracer.provision.report import describe_workers, list_table
+from podracer.provision.source import default_install_spec, public_git_url
+from podracer.provision.spec import SliceSpec, default_runtime_version
+from podracer.provision.startup import WorkerState
+
+SLICE = ["--tpu=slice-1", "--zone=us-central2-b", "--accelerator-type=v4-32"]
+
+
+def test_unknown_flags_and_everything_after_dashes_are_training_flags_in_order():
+    command = parse_command([
+        "up", *SLICE, "--arch=sebulba", "--lr", "3e-4", "--keep", "--keep-checkpoints",
+        "--zone-count=2", "--", "--tpu=not-a-provisioner-flag", "--keep",
+    ])
+    assert command.verb == "up"
+    assert command.keep is True
+    assert command.spec.zone == "us-central2-b"
+    assert command.training_flags == (
+        "--arch=sebulba", "--lr", "3e-4", "--keep-checkpoints", "--zone-count=2",
+        "--tpu=not-a-provisioner-flag", "--keep",
+    )
+
+
+def test_no_verb_means_run_and_defaults_fill_in():
+    command = parse_command([*SLICE, "--project=p", "--spot", "--queued"])
+    assert command.verb == "run"
+    assert command.spec == SliceSpec(
+        project="p", zone="us-central2-b", name="slice-1", accelerator_type="v4-32",
+        runtime_version="tpu-ubuntu2204-base", spot=True, queued=True)
+    assert command.timing.poll_interval == 10.0
+    assert command.training_flags == ()
+
+
+def test_status_and_down_take_the_name_as_gcloud_does():
+    assert parse_command(["status", "slice-7", "--zone=z1"]).spec.name == "slice-7"
+    assert parse_command(["down", "--tpu=slice-8", "--zone=z1"]).spec.name == "slice-8"
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["up", "--zone=z"], "needs --tpu, --accelerator-type"),
+    (["list"], "needs --zone"),
+    (["list", "--zone=z", "--arch=sebulba"], "unexpected argument '--arch=sebulba'"),
+    ([*SLICE, "--spot", "--reserved"], "not allowed with argument"),
+    (["--tpu=Bad_Name", "--zone=z", "--accelerator-type=v4-8"], "--tpu='Bad_Name' is not valid"),
+    (["--tpu=a", "--zone=z/../x", "--accelerator-type=v4-8"], "--zone='z/../x' is not valid"),
+    (["--tpu=a", "--zone=z", "--accelerator-type=v9-8"], "pass --runtime-version"),
+    ([*SLICE, "--poll-interval=0"], "must be more than 0 seconds"),
+])
+def test_bad_commands_are_one_line_errors_with_exit_2(argv, fragment, capsys):
+    with pytest.raises(PodracerError) as raised:
+        parse_command(argv)
+    assert fragment in str(raised.value)
+
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert fragment in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_help_exits_0(capsys):
+    assert main(["up", "--help"]) == 0
+    assert "--accelerator-type" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("accelerator, image", [
+    ("v4-32", "tpu-ubuntu2204-base"),
+    ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5p-8", "v2-alpha-tpuv5"),
+    ("v6e-8", "v2-alpha-tpuv6e"),
+    ("v99-8", None),
+])
+def test_default_runtime_version(accelerator, image):
+    assert default_runtime_version(accelerator) == image
+
+
+def _spec(**overrides) -> SliceSpec:
+    fields = dict(project="p", zone="us-central2-b", name="s", accelerator_type="v4-32",
+                  runtime_version="tpu-ubuntu2204-base")
+    return SliceSpec(**{**fields, **overrides})
+
+
+def test_node_request_carries_type_image_tier_script_and_labels():
+    spec = _spec(spot=True)
+    request = requests.create_node_request(spec, requests.make_node(spec, "#!/bin/bash\n", "id1"))
+    assert request.parent == "projects/p/locations/us-central2-b"
+    assert request.node_id == "s"
+    node = request.node
+    assert (node.accelerator_type, node.runtime_version) == ("v4-32", "tpu-ubuntu2204-base")
+    assert node.scheduling_config.spot and not node.scheduling_config.reserved
+    assert node.metadata["startup-script"] == "#!/bin/bash\n"
+    assert node.labels[requests.LAUNCH_ID_LABEL] == "id1"
+
+
+def test_queued_request_puts_spot_on_the_tier_and_expires_with_the_ready_timeout():
+    spec = _spec(spot=True, queued=True)
+    node = requests.make_node(spec, "script", "id1")
+    request = requests.create_queued_resource_request(spec, node, 1800.0, request_id="r-1")
+    resource = request.queued_resource
+    assert request.queued_resource_id == "s" and request.request_id == "r-1"
+    assert "spot" in resource and not resource.tpu.node_spec[0].node.scheduling_config.spot
+    assert resource.queueing_policy.valid_until_duration.total_seconds() == 1800
+    assert resource.tpu.node_spec[0].node_id == "s"
+
+
+def test_delete_of_a_queued_slice_forces_its_node_away():
+    assert requests.delete_request(_spec(queued=True)) == tpu_v2.DeleteQueuedResourceRequest(
+        name="projects/p/locations/us-central2-b/queuedResources/s", force=True)
+    assert requests.delete_request(_spec()) == tpu_v2.DeleteNodeRequest(
+        name="projects/p/locations/us-central2-b/nodes/s")
+
+
+def test_rpc_names():
+    assert requests.rpc_name(tpu_v2.CreateNodeRequest()) == "google.cloud.tpu.v2.Tpu/CreateNode"
+    assert (requests.rpc_name(tpu_v2.GetGuestAttributesRequest())
+            == "google.cloud.tpu.v2.Tpu/GetGuestAttributes")
+
+
+@pytest.mark.parametrize("endpoint, loopback", [
+    ("127.0.0.1:8470", True), ("localhost:1234", True), ("[::1]:99", True),
+    ("127.5.5.5:1", True), ("tpu.googleapis.com:443", False), ("10.0.0.1:80", False),
+])
+def test_is_loopback(endpoint, loopback):
+    assert is_loopback(endpoint) is loopback
+
+
+@pytest.mark.parametrize("url, public", [
+    ("git@github.com:podracer-rl/podracer.git", "https://github.com/podracer-rl/podracer.git"),
+    ("ssh://git@github.com/podracer-rl/podracer.git",
+     "https://github.com/podracer-rl/podracer.git"),
+    ("https://someone:ghp_SECRET@github.com/o/r.git", "https://github.com/o/r.git"),
+    ("/home/me/podracer", None),
+    ("file:///home/me/podracer", None),
+])
+def test_public_git_url_drops_user_names_and_tokens(url, public):
+    assert public_git_url(url) == public
+
+
+def test_describe_workers_counts_states():
+    states = [WorkerState("running"), WorkerState("exited", 0), WorkerState("running")]
+    assert describe_workers(states) == "2 running, 1 exited 0"
+
+
+def test_list_table_shows_nodes_and_waiting_queued_resources_once():
+    node = tpu_v2.Node(name="projects/p/locations/z/nodes/a", accelerator_type="v4-8",
+                       state=tpu_v2.Node.State.READY, runtime_version="img",
+                       queued_resource="projects/p/locations/z/queuedResources/a")
+    active = tpu_v2.QueuedResource(name="projects/p/locations/z/queuedResources/a",
+                                   tpu={"node_spec": [{"node_id": "a"}]})
+    waiting = tpu_v2.QueuedResource(
+        name="projects/p/locations/z/queuedResources/b",
+        tpu={"node_spec": [{"node_id": "b", "node": {"accelerator_type": "v4-32"}}]},
+        state={"state": tpu_v2.QueuedResourceState.State.WAITING_FOR_RESOURCES})
+    table = list_table([node], [active, waiting])
+    assert table[0].split() == ["NAME", "ACCELERATOR", "STATE", "RUNTIME", "QUEUED"]
+    assert [row.split() for row in table[1:]] == [
+        ["a", "v4-8", "READY", "img", "yes"],
+        ["b", "v4-32", "WAITING_FOR_RESOURCES", "-", "yes"],
+    ]
+
+
+def test_without_the_tpu_extra_the_error_says_how_to_install_it(monkeypatch, capsys):
+    import podracer.provision as package
+
+    needs_extra = [name for name in sys.modules if name.startswith("podracer.provision.")
+                   and name.rsplit(".", 1)[1] not in ("cli", "spec", "startup")]
+    for name in needs_extra:
+        monkeypatch.delitem(sys.modules, name)
+        monkeypatch.delattr(package, name.rsplit(".", 1)[1], raising=False)
+    monkeypatch.setitem(sys.modules, "google.cloud.tpu_v2", None)
+    monkeypatch.delattr(sys.modules["google.cloud"], "tpu_v2", raising=False)
+
+    assert main(["list", "--zone=us-central2-b", "--project=p"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "needs google.cloud.tpu_v2" in err and "pip install 'podracer[tpu]'" in err
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                    *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_default_install_spec_pins_the_checked_out_commit(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "commit", "-qm", "first")
+    _git(tmp_path, "remote", "add", "origin", "https://me:ghp_TOKEN@github.com/me/podracer.git")
+    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], text=True,
+                            capture_output=True, check=True).stdout.strip()
+
+    spec, notes = default_install_spec(tmp_path)
+    assert spec == f"podracer @ git+https://github.com/me/podracer.git@{commit}"
+    assert len(notes) == 1 and "must be pushed" in notes[0] and "ghp_TOKEN" not in notes[0]
+
+    (tmp_path / "a.txt").write_text("two\n")
+    assert "uncommitted changes" in default_install_spec(tmp_path)[1][-1]
+
+
+def test_default_install_spec_without_git_uses_the_package_version(tmp_path, monkeypatch):
+    import podracer
+
+    monkeypatch.setattr(podracer, "__version__", "9.8.7", raising=False)
+    assert default_install_spec(tmp_path) == ("podracer==9.8.7", [])
