@@ -72,11 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train with podracer. Runs on every device JAX sees (all TPU cores of a "
                     "TPU VM, forced CPU devices with --cpu-devices).",
         allow_abbrev=False)
+    seen: set[str] = set()
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section)
         docs = _field_docs(cls)
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
+            # A name shared by several sections (e.g. --num-envs for each
+            # architecture) is one flag that fills every config that has it.
+            if field.name in seen:
+                continue
+            seen.add(field.name)
             kind = hints[field.name]
             help_text = f"{docs.get(field.name, '')} (default: {field.default})"
             if kind is bool:
@@ -126,19 +132,36 @@ def run(argv: Sequence[str]) -> dict:
 
         # Only effective before JAX's CPU backend starts, which nothing above has done.
         jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)
-    if (run_cfg.arch, run_cfg.algo) != ("anakin", "ppo"):
-        raise PodracerError(f"--arch={run_cfg.arch} --algo={run_cfg.algo} is not available yet; "
-                            f"use --arch=anakin --algo=ppo")
-    from podracer.anakin.train import train_ppo
-
-    summary, _ = train_ppo(run_cfg, configs["ppo"], configs["anakin"], configs["optimizer"],
-                           configs["network"])
+    summary, _ = _trainer(run_cfg.arch, run_cfg.algo)(configs)
     return summary
+
+
+def _trainer(arch: str, algo: str):
+    """`train(configs) -> (summary, final state)` for an architecture and algorithm."""
+    if (arch, algo) == ("anakin", "ppo"):
+        from podracer.anakin.train import train_ppo
+
+        return lambda c: train_ppo(c["run"], c["ppo"], c["anakin"], c["optimizer"], c["network"])
+    raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
+                        f"use --arch=anakin --algo=ppo")
+
+
+# Launcher verbs handled by the TPU provisioner rather than by training.
+PROVISION_VERBS = ("up", "status", "down", "list")
+
+
+def _is_provision(argv: Sequence[str]) -> bool:
+    return bool(argv) and argv[0] in PROVISION_VERBS or any(
+        arg == "--tpu" or arg.startswith("--tpu=") for arg in argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: exit status 0, or 2 with one line on stderr for a user error."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if _is_provision(argv):
+        from podracer.provision.cli import main as provision_main
+
+        return provision_main(argv)
     try:
         run(argv)
     except PodracerError as err:
