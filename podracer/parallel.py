@@ -77,3 +77,21 @@ def axis_offset(local_size: int, axis_names: Sequence[str]):
     for name in axis_names:
         index = index * jax.lax.axis_size(name) + jax.lax.axis_index(name)
     return index * local_size
+
+
+def vary(tree, axis_names: Sequence[str]):
+    """Mark replicated values as per-device before differentiating through them.
+
+    Inside `shard_map`, the gradient with respect to a replicated (axis-invariant)
+    input is summed over the axis implicitly. Casting parameters to 'varying'
+    first keeps each device's gradient its own, so an explicit `pmean` averages
+    them: the same update on one device and on many.
+    """
+    if not axis_names:
+        return tree
+
+    def cast(x):
+        missing = tuple(a for a in axis_names if a not in jax.typeof(x).manual_axis_type.varying)
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)

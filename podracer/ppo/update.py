@@ -91,7 +91,7 @@ def make_update(
 
     def minibatch_step(carry, samples: Samples):
         params, opt_state = carry
-        grads, metrics = grad_fn(params, samples)
+        grads, metrics = grad_fn(parallel.vary(params, axis_names), samples)
         grads = parallel.pmean(grads, axis_names)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), metrics

@@ -1,0 +1,83 @@
+import json
+import os
+import subprocess
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from conftest import LAUNCHER, PYTHON
+from podracer import parallel
+from podracer.anakin.env import make_env
+from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.networks import make_network
+from podracer.ppo import PPOConfig
+
+
+def _run_anakin(devices, env_id="CartPole-v1", ppo_config=PPOConfig(normalize_observations=True),
+                calls=2):
+    env = make_env(env_id)
+    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete)
+    config = AnakinConfig(num_envs=8, rollout_len=16, updates_per_call=3)
+    # Plain SGD: Adam divides by the gradient's scale, which turns summation-order
+    # rounding in near-zero gradients into visible parameter differences.
+    init, train = make_anakin(env, network, optax.sgd(1e-2), ppo_config, config,
+                              parallel.make_mesh(devices))
+    runner = init(jax.random.PRNGKey(42))
+    for _ in range(calls):
+        runner, metrics = train(runner)
+    return jax.device_get(runner), jax.device_get(metrics), train
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_one_device_matches_eight(env_id):
+    assert len(jax.devices()) == 8
+    one, m1, _ = _run_anakin(jax.devices()[:1], env_id)
+    eight, m8, _ = _run_anakin(jax.devices(), env_id)
+    assert int(one.train.step) == int(eight.train.step) == 6
+    for a, b in zip(jax.tree.leaves(one.train.params), jax.tree.leaves(eight.train.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # Environment dynamics (Pendulum) amplify float rounding a little more.
+    np.testing.assert_allclose(one.obs, eight.obs, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(m1["episodes"], m8["episodes"])
+    np.testing.assert_allclose(m1["loss"], m8["loss"], rtol=1e-3, atol=1e-5)
+
+
+def test_train_call_does_not_recompile_and_learns_something():
+    runner, metrics, train = _run_anakin(jax.devices()[:2], calls=3)
+    assert train._cache_size() == 1
+    assert np.all(np.isfinite(metrics["loss"]))
+
+
+def _launch(*args, timeout=120):
+    return subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_default_run_solves_cartpole(tmp_path):
+    # The README's main command, on its defaults (one CPU device).
+    run_dir = tmp_path / "run"
+    result = _launch("--arch=anakin", "--algo=ppo", f"--run-dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episode_return_mean"] >= 475
+    assert summary["env_steps"] >= 500_000
+    for key in ("env_steps", "sps", "episode_return_mean", "wall_s"):
+        assert key in summary
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) > 5
+    assert all({"env_steps", "sps", "episode_return_mean"} <= row.keys() for row in rows)
+    steps = [row["env_steps"] for row in rows]
+    assert steps == sorted(steps) and steps[-1] == summary["env_steps"]
+    # Learning, not luck: the first interval is far below the last.
+    assert rows[0]["episode_return_mean"] < 100
+
+
+def test_broken_update_cannot_reach_the_threshold(tmp_path):
+    # A learning rate of zero is an update that changes nothing: same command, no learning.
+    run_dir = tmp_path / "run"
+    result = _launch(f"--run-dir={run_dir}", "--lr=0", "--total-steps=100000")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episode_return_mean"] < 100

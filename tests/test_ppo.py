@@ -1,0 +1,111 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from podracer import ppo
+from podracer.distributions import Categorical, DiagGaussian
+from podracer.networks import make_network
+
+
+def table_apply(params, obs):
+    """A 'network' whose outputs are its parameters: one row per sample."""
+    return Categorical(params["logits"]), params["value"]
+
+
+def test_loss_hand_computed():
+    logits = np.log(np.array([[0.5, 0.5], [0.2, 0.8]], np.float32))
+    params = {"logits": jnp.asarray(logits), "value": jnp.array([1.0, 0.0])}
+    samples = ppo.Samples(
+        obs=jnp.zeros((2, 1)), action=jnp.array([0, 1]),
+        log_prob=jnp.log(jnp.array([0.25, 0.8])),  # behaviour probs: ratios 2.0 and 1.0
+        value=jnp.array([0.5, 0.1]), advantage=jnp.array([1.0, -1.0]), target=jnp.array([2.0, 0.3]))
+    config = ppo.PPOConfig(clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, normalize_advantages=False)
+    loss, m = ppo.ppo_loss(params, table_apply, samples, config)
+    # Policy: sample 0 ratio 2 clipped to 1.2 (A>0): 1.2; sample 1 ratio 1: -1 -> mean .1, negated.
+    assert float(m["policy_loss"]) == pytest.approx(-0.1, abs=1e-6)
+    # Value, clipped: sample 0 v=1 vs vold=.5 -> clipped .7; max((1-2)^2, (.7-2)^2)=1.69;
+    # sample 1 v=0 vs vold=.1 within eps -> (0-.3)^2=.09. 0.5*mean = 0.445.
+    assert float(m["value_loss"]) == pytest.approx(0.445, abs=1e-6)
+    entropy = -(2 * 0.5 * np.log(0.5) + 0.2 * np.log(0.2) + 0.8 * np.log(0.8)) / 2
+    assert float(m["entropy"]) == pytest.approx(entropy, abs=1e-6)
+    assert float(loss) == pytest.approx(-0.1 + 0.5 * 0.445 - 0.01 * entropy, abs=1e-6)
+    assert float(m["clip_fraction"]) == pytest.approx(0.5)
+
+    unclipped = ppo.PPOConfig(clip_value=False, normalize_advantages=False)
+    _, m = ppo.ppo_loss(params, table_apply, samples, unclipped)
+    assert float(m["value_loss"]) == pytest.approx(0.5 * (1.0 + 0.09) / 2, abs=1e-6)
+
+
+def test_advantage_normalisation_in_loss():
+    params = {"logits": jnp.zeros((4, 2)), "value": jnp.zeros(4)}
+    samples = ppo.Samples(jnp.zeros((4, 1)), jnp.zeros(4, jnp.int32), jnp.log(jnp.full(4, 0.5)),
+                          jnp.zeros(4), jnp.array([1.0, 2.0, 3.0, 4.0]), jnp.zeros(4))
+    _, m = ppo.ppo_loss(params, table_apply, samples, ppo.PPOConfig(normalize_advantages=True))
+    # Ratios are all 1, so the policy loss is minus the mean normalised advantage: 0.
+    assert float(m["policy_loss"]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_gaussian_log_prob_and_entropy():
+    dist = DiagGaussian(jnp.array([[0.0, 1.0]]), jnp.log(jnp.array([[1.0, 2.0]])))
+    action = jnp.array([[1.0, 1.0]])
+    expected = (-0.5 * 1 - 0.5 * np.log(2 * np.pi)) + (-np.log(2.0) - 0.5 * np.log(2 * np.pi))
+    assert float(dist.log_prob(action)[0]) == pytest.approx(expected, abs=1e-5)
+    assert float(dist.entropy()[0]) == pytest.approx(
+        0.5 * np.log(2 * np.pi * np.e) * 2 + np.log(2.0), abs=1e-5)
+
+
+def _fixture(discrete=True, T=16, B=4, obs_dim=3, config=ppo.PPOConfig()):
+    network = make_network((obs_dim,), 2, discrete)
+    optimizer = optax.adam(3e-4)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))
+    state = ppo.init_train_state(params, optimizer, (obs_dim,))
+    k = jax.random.split(jax.random.PRNGKey(1), 4)
+    action = (jax.random.randint(k[1], (T, B), 0, 2) if discrete
+              else jax.random.normal(k[1], (T, B, 2)))
+    batch = ppo.Transition(
+        obs=jax.random.normal(k[0], (T, B, obs_dim)), action=action,
+        reward=jax.random.normal(k[2], (T, B)), terminated=jax.random.bernoulli(k[3], 0.1, (T, B)),
+        truncated=jnp.zeros((T, B), bool), value=jnp.zeros((T, B)),
+        log_prob=jnp.full((T, B), -0.7), final_value=jnp.zeros((T, B)))
+    update = ppo.make_update(network.apply, optimizer, config)
+    return update, state, batch, jnp.zeros(B)
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_update_is_pure_and_deterministic(discrete):
+    update, state, batch, bootstrap = _fixture(discrete)
+    update = jax.jit(update)
+    before = jax.tree.map(np.array, state)
+    key = jax.random.PRNGKey(7)
+    s1, m1 = update(state, batch, bootstrap, key)
+    s2, m2 = update(state, batch, bootstrap, key)
+    # Inputs untouched, outputs identical bit for bit, and parameters actually moved.
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.array, state))
+    jax.tree.map(np.testing.assert_array_equal, s1, s2)
+    assert int(s1.step) == 1
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), s1.params, state.params)
+    assert max(jax.tree.leaves(moved)) > 0
+    # Another key shuffles differently, so it lands elsewhere.
+    s3, _ = update(state, batch, bootstrap, jax.random.PRNGKey(8))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(s1.params),
+                                                       jax.tree.leaves(s3.params)))
+
+
+def test_update_does_not_recompile():
+    update, state, batch, bootstrap = _fixture(config=ppo.PPOConfig(normalize_observations=True))
+    update = jax.jit(update)
+    state, _ = update(state, batch, bootstrap, jax.random.PRNGKey(0))
+    assert update._cache_size() == 1
+    state, _ = update(state, batch, bootstrap, jax.random.PRNGKey(1))
+    assert update._cache_size() == 1
+
+
+def test_observation_statistics_follow_the_batch():
+    update, state, batch, bootstrap = _fixture(config=ppo.PPOConfig(normalize_observations=True))
+    batch = batch._replace(obs=batch.obs * 3.0 + 5.0)
+    state, _ = jax.jit(update)(state, batch, bootstrap, jax.random.PRNGKey(0))
+    flat = np.asarray(batch.obs).reshape(-1, 3)
+    np.testing.assert_allclose(state.obs_stats.mean, flat.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(state.obs_stats.var, flat.var(0), rtol=1e-4)
