@@ -1,0 +1,55 @@
+"""Evolution strategies: OpenAI-ES and ARS as pure `init / ask / tell`, and their protocol.
+
+Fitness is MAXIMISED everywhere. Parameters are one flat float32 vector; flatten
+a network's parameters with `jax.flatten_util.ravel_pytree`.
+"""
+
+from podracer.es.ars import ARSState, ars_step, make_ars
+from podracer.es.noise import (
+    all_pair_noise,
+    antithetic_sign,
+    member_noise,
+    pair_noise,
+    population_noise,
+    split_pairs,
+)
+from podracer.es.normalizer import (
+    RunningStats,
+    init_running_stats,
+    merge_stats,
+    normalize,
+    observation_stats,
+    psum_stats,
+    reduce_stats,
+)
+from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
+from podracer.es.sharded import all_gather_members, make_sharded_step, make_sharded_step_normalized
+from podracer.es.strategy import Strategy, fitness_metrics
+
+__all__ = (
+    "ARSState",
+    "OpenAIESState",
+    "RunningStats",
+    "Strategy",
+    "all_gather_members",
+    "all_pair_noise",
+    "antithetic_sign",
+    "ars_step",
+    "centred_ranks",
+    "fitness_metrics",
+    "init_running_stats",
+    "make_ars",
+    "make_openai_es",
+    "make_sharded_step",
+    "make_sharded_step_normalized",
+    "member_noise",
+    "merge_stats",
+    "normalize",
+    "observation_stats",
+    "openai_es_gradient",
+    "pair_noise",
+    "population_noise",
+    "psum_stats",
+    "reduce_stats",
+    "split_pairs",
+)
