@@ -36,12 +36,12 @@ def run_generations(strategy, state, key, generations):
 
 
 def test_centred_ranks_hand_computed():
-    np.testing.assert_allclose(
-        es.centred_ranks(jnp.array([3.0, 1.0, 2.0, 5.0])), [1 / 6, -1 / 2, -1 / 6, 1 / 2], atol=1e-7
-    )
+    expected = [1 / 6, -1 / 2, -1 / 6, 1 / 2]
+    fitness = jnp.array([3.0, 1.0, 2.0, 5.0])
+    np.testing.assert_allclose(es.centred_ranks(fitness), expected, atol=1e-7)
     # Scale-free: any increasing transform of fitness gives the same weights.
     np.testing.assert_allclose(
-        es.centred_ranks(jnp.array([30.0, -100.0, 2.5, 1e6])), [1 / 6, -1 / 2, -1 / 6, 1 / 2], atol=1e-7
+        es.centred_ranks(jnp.array([30.0, -100.0, 2.5, 1e6])), expected, atol=1e-7
     )
 
 
@@ -58,8 +58,9 @@ def test_antithetic_pairs_and_regeneration_by_index():
     assert noise.shape == (6, 5) and noise.dtype == jnp.float32
     np.testing.assert_array_equal(noise[1::2], -noise[0::2])  # eps_{2k+1} = -eps_{2k}
     assert not np.allclose(noise[0], noise[2])  # pairs are independent directions
+    member_noise = jax.jit(es.member_noise, static_argnums=2)
     for i in range(6):  # any device can regenerate any member from (key, index)
-        np.testing.assert_array_equal(es.member_noise(KEY, i, 5), noise[i])
+        np.testing.assert_array_equal(member_noise(KEY, i, 5), noise[i])
     np.testing.assert_array_equal(es.population_noise(KEY, jnp.array([3, 4]), 5), noise[3:5])
     assert not np.allclose(es.member_noise(jax.random.key(1), 0, 5), noise[0])
 
@@ -170,19 +171,24 @@ def test_observation_stats_merge_and_reduce_match_numpy():
 
     merged = es.merge_stats(es.observation_stats(obs[:10]), es.observation_stats(obs[10:]))
     stacked = jax.vmap(es.observation_stats)(obs.reshape(6, 10, 3))
-    for stats in (merged, es.reduce_stats(stacked), es.merge_stats(es.init_running_stats(3), whole)):
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), stats, whole)
+    from_nothing = es.merge_stats(es.init_running_stats(3), whole)
+    for stats in (merged, es.reduce_stats(stacked), from_nothing):
+        for actual, expected in zip(stats, whole):
+            np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_observation_stats_mask_drops_rows():
     obs = jnp.array([[1.0], [3.0], [100.0]])
     stats = es.observation_stats(obs, mask=jnp.array([1.0, 1.0, 0.0]))
-    np.testing.assert_allclose([stats.count, stats.mean[0], stats.sum_squared_deviations[0]], [2, 2, 2])
+    np.testing.assert_allclose(
+        [stats.count, stats.mean[0], stats.sum_squared_deviations[0]], [2.0, 2.0, 2.0]
+    )
 
 
 def test_normalize_whitens_and_zeroes_constant_coordinates():
     obs = jnp.stack([jnp.arange(10.0) * 3 + 1, jnp.full((10,), 4.0)], axis=1)
-    np.testing.assert_array_equal(es.normalize(es.init_running_stats(2), obs), obs)  # identity at start
+    # Before any observation is recorded, normalisation is the identity.
+    np.testing.assert_array_equal(es.normalize(es.init_running_stats(2), obs), obs)
     normalized = es.normalize(es.observation_stats(obs), obs)
     np.testing.assert_allclose(normalized[:, 0].mean(), 0.0, atol=1e-5)
     np.testing.assert_allclose(normalized[:, 0].std(), 1.0, rtol=1e-5)

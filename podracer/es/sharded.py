@@ -27,7 +27,9 @@ from podracer.errors import PodracerError
 from podracer.parallel import DATA_AXIS, axis_offset, replicated, split_evenly
 
 FitnessFn = Callable[[chex.Array, chex.PRNGKey], chex.Array]
-NormalizedFitnessFn = Callable[[chex.Array, chex.PRNGKey, RunningStats], tuple[chex.Array, RunningStats]]
+NormalizedFitnessFn = Callable[
+    [chex.Array, chex.PRNGKey, RunningStats], tuple[chex.Array, RunningStats]
+]
 
 
 def all_gather_members(local: chex.Array, axis_names: Sequence[str]) -> chex.Array:
@@ -59,7 +61,12 @@ def _jit_replicated(fn: Callable, mesh: Mesh):
 
 
 def _make_generations(
-    strategy: Strategy, evaluate_fn: Callable, mesh: Mesh, axis: str, generations: int, normalize: bool
+    strategy: Strategy,
+    evaluate_fn: Callable,
+    mesh: Mesh,
+    axis: str,
+    generations: int,
+    normalize: bool,
 ):
     """`run(state, obs_stats, key)`: `generations` ES generations on this device's members."""
     if axis not in mesh.shape:
