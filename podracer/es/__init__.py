@@ -1,7 +1,17 @@
 """Evolution strategies: OpenAI-ES and ARS as pure `init / ask / tell`, and their protocol.
 
 Fitness is MAXIMISED everywhere. Parameters are one flat float32 vector; flatten
-a network's parameters with `jax.flatten_util.ravel_pytree`.
+a network's parameters with `jax.flatten_util.ravel_pytree`:
+
+    flat, unravel = ravel_pytree(params)
+    strategy = es.make_openai_es(64, sigma=0.05, optimizer=optax.adam(1e-2))
+    state = strategy.init(flat)
+    members = jnp.arange(strategy.population_size)
+    population = strategy.ask(state, key, members)  # [64, num_dims]
+    fitness = jax.vmap(lambda p: episode_return(unravel(p)))(population)
+    state, metrics = strategy.tell(state, key, fitness)  # same key as `ask`
+
+Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`.
 """
 
 from podracer.es.ars import ARSState, ars_step, make_ars

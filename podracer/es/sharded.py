@@ -52,11 +52,7 @@ def _scalar_fitness(fitness: chex.Array) -> chex.Array:
 
 
 def _jit_replicated(fn: Callable, mesh: Mesh):
-    """`jax.jit` with every input and output replicated over `mesh`.
-
-    Fixing the input sharding means a fresh (uncommitted) state and the state a
-    previous call returned hit the same compiled executable.
-    """
+    """`jax.jit` with every input and output replicated over `mesh`."""
     return jax.jit(fn, in_shardings=replicated(mesh), out_shardings=replicated(mesh))
 
 
@@ -167,7 +163,8 @@ def make_sharded_step_normalized(
 
     Returns:
       `step(state, obs_stats, key) -> (state, obs_stats, metrics)`, jitted. The
-      generation's observations update `obs_stats` after its rollouts.
+      generation's observations update `obs_stats` after its rollouts. As for
+      `make_sharded_step`, `jax.device_put` the initial arguments replicated.
     """
 
     def evaluate(params, key, obs_stats):
