@@ -1,0 +1,65 @@
+"""Evolution strategies: OpenAI-ES and ARS as pure `init / ask / tell`, and their protocol.
+
+Fitness is MAXIMISED everywhere. Parameters are one flat float32 vector; flatten
+a network's parameters with `jax.flatten_util.ravel_pytree`:
+
+    flat, unravel = ravel_pytree(params)
+    strategy = es.make_openai_es(64, sigma=0.05, optimizer=optax.adam(1e-2))
+    state = strategy.init(flat)
+    members = jnp.arange(strategy.population_size)
+    population = strategy.ask(state, key, members)  # [64, num_dims]
+    fitness = jax.vmap(lambda p: episode_return(unravel(p)))(population)
+    state, metrics = strategy.tell(state, key, fitness)  # same key as `ask`
+
+Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`.
+"""
+
+from podracer.es.ars import ARSState, ars_step, make_ars
+from podracer.es.noise import (
+    all_pair_noise,
+    antithetic_sign,
+    member_noise,
+    pair_noise,
+    population_noise,
+    split_pairs,
+)
+from podracer.es.normalizer import (
+    RunningStats,
+    init_running_stats,
+    merge_stats,
+    normalize,
+    observation_stats,
+    psum_stats,
+    reduce_stats,
+)
+from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
+from podracer.es.sharded import all_gather_members, make_sharded_step, make_sharded_step_normalized
+from podracer.es.strategy import Strategy, fitness_metrics
+
+__all__ = (
+    "ARSState",
+    "OpenAIESState",
+    "RunningStats",
+    "Strategy",
+    "all_gather_members",
+    "all_pair_noise",
+    "antithetic_sign",
+    "ars_step",
+    "centred_ranks",
+    "fitness_metrics",
+    "init_running_stats",
+    "make_ars",
+    "make_openai_es",
+    "make_sharded_step",
+    "make_sharded_step_normalized",
+    "member_noise",
+    "merge_stats",
+    "normalize",
+    "observation_stats",
+    "openai_es_gradient",
+    "pair_noise",
+    "population_noise",
+    "psum_stats",
+    "reduce_stats",
+    "split_pairs",
+)

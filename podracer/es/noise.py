@@ -1,0 +1,48 @@
+"""Antithetic Gaussian noise that any device can regenerate from an index.
+
+Member `i` of a generation perturbs the mean by `sign(i) * eps_{i // 2}`, with
+`eps_k ~ N(0, I)` drawn from `fold_in(key, k)` and `sign(i) = +1` for even `i`,
+`-1` for odd `i`. Members `2k` and `2k + 1` are therefore an antithetic pair
+(mirrored sampling, Salimans et al. 2017; Mania et al. 2018), and a device that
+holds members `[i0, i0 + n)` draws exactly their noise from the shared
+generation key, without ever receiving a parameter-sized perturbation.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def pair_noise(key: chex.PRNGKey, pair_index: chex.Numeric, num_dims: int) -> chex.Array:
+    """`eps_k ~ N(0, I)` of antithetic pair `k`: float32 `[num_dims]`."""
+    return jax.random.normal(jax.random.fold_in(key, pair_index), (num_dims,), jnp.float32)
+
+
+def antithetic_sign(member_index: chex.Numeric) -> chex.Array:
+    """`+1.` for even members (the `+eps` half of a pair), `-1.` for odd ones."""
+    return 1.0 - 2.0 * jnp.asarray(member_index % 2, jnp.float32)
+
+
+def member_noise(key: chex.PRNGKey, member_index: chex.Numeric, num_dims: int) -> chex.Array:
+    """Unit perturbation of one member: `sign(i) * eps_{i // 2}`, float32 `[num_dims]`."""
+    return antithetic_sign(member_index) * pair_noise(key, member_index // 2, num_dims)
+
+
+def population_noise(key: chex.PRNGKey, member_indices: chex.Array, num_dims: int) -> chex.Array:
+    """Unit perturbations of the members `member_indices` ([n] ints): `[n, num_dims]`."""
+    chex.assert_rank(member_indices, 1)
+    return jax.vmap(member_noise, in_axes=(None, 0, None))(key, member_indices, num_dims)
+
+
+def all_pair_noise(key: chex.PRNGKey, num_pairs: int, num_dims: int) -> chex.Array:
+    """`eps_k` of every pair `k < num_pairs`: `[num_pairs, num_dims]`."""
+    pairs = jnp.arange(num_pairs)
+    return jax.vmap(pair_noise, in_axes=(None, 0, None))(key, pairs, num_dims)
+
+
+def split_pairs(member_values: chex.Array) -> tuple[chex.Array, chex.Array]:
+    """`[2P]` per-member values -> (`+eps` halves `[P]`, `-eps` halves `[P]`)."""
+    chex.assert_rank(member_values, 1)
+    return member_values[0::2], member_values[1::2]

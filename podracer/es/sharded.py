@@ -1,0 +1,175 @@
+"""Protocol for ES: the population split over a mesh, fitness scalars the only traffic.
+
+Each device holds the replicated strategy state and evaluates members
+`[d * n, (d + 1) * n)` of the generation, drawing their noise from the shared
+generation key and the member index. The local fitness vectors are
+all-gathered into the full `[population]` vector, and every device then runs
+the same `tell`, regenerating all members' noise itself, so the new state is
+identical everywhere without any parameter-sized collective. (ARS V2 adds one
+observation-statistics reduction of `2 * obs_dim + 1` floats.)
+
+One host call runs `generations_per_call` generations in a `lax.scan` inside a
+single `jax.jit(jax.shard_map(...))`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from podracer.es.normalizer import RunningStats, merge_stats, psum_stats, reduce_stats
+from podracer.es.strategy import Strategy
+from podracer.errors import PodracerError
+from podracer.parallel import DATA_AXIS, axis_offset, replicated, split_evenly
+
+FitnessFn = Callable[[chex.Array, chex.PRNGKey], chex.Array]
+NormalizedFitnessFn = Callable[
+    [chex.Array, chex.PRNGKey, RunningStats], tuple[chex.Array, RunningStats]
+]
+
+
+def all_gather_members(local: chex.Array, axis_names: Sequence[str]) -> chex.Array:
+    """Concatenate every device's `[n, ...]` slice, in device order, on every device.
+
+    Inside `shard_map` the result is the same on all devices (`to="invarying"`);
+    the identity when `axis_names` is empty.
+    """
+    if not axis_names:
+        return local
+    return jax.lax.all_gather(local, tuple(axis_names), tiled=True, to="invarying")
+
+
+def _scalar_fitness(fitness: chex.Array) -> chex.Array:
+    if jnp.shape(fitness) != ():
+        raise PodracerError(
+            f"fitness_fn must return one scalar per member, got shape {jnp.shape(fitness)}"
+        )
+    return jnp.asarray(fitness, jnp.float32)
+
+
+def _jit_replicated(fn: Callable, mesh: Mesh):
+    """`jax.jit` with every input and output replicated over `mesh`."""
+    return jax.jit(fn, in_shardings=replicated(mesh), out_shardings=replicated(mesh))
+
+
+def _make_generations(
+    strategy: Strategy,
+    evaluate_fn: Callable,
+    mesh: Mesh,
+    axis: str,
+    generations: int,
+    normalize: bool,
+):
+    """`run(state, obs_stats, key)`: `generations` ES generations on this device's members."""
+    if axis not in mesh.shape:
+        raise PodracerError(f"mesh has no axis {axis!r} (axes: {tuple(mesh.shape)})")
+    if generations < 1:
+        raise PodracerError(f"generations_per_call must be >= 1, got {generations}")
+    local_size = split_evenly(
+        strategy.population_size, mesh.shape[axis], "population members", "population_size"
+    )
+    axis_names = (axis,)
+
+    def one_generation(carry, key):
+        state, obs_stats = carry
+        ask_key, evaluate_key = jax.random.split(key)
+        members = axis_offset(local_size, axis_names) + jnp.arange(local_size)
+        params = strategy.ask(state, ask_key, members)
+        # Both halves of an antithetic pair see the same environment randomness.
+        member_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(evaluate_key, members // 2)
+        local_fitness, local_obs_stats = jax.vmap(evaluate_fn, in_axes=(0, 0, None))(
+            params, member_keys, obs_stats
+        )
+        fitness = all_gather_members(local_fitness, axis_names)
+        state, metrics = strategy.tell(state, ask_key, fitness)
+        if normalize:
+            seen = psum_stats(reduce_stats(local_obs_stats), axis_names)
+            obs_stats = merge_stats(obs_stats, seen)
+        return (state, obs_stats), metrics
+
+    def run(state, obs_stats, key):
+        keys = jax.random.split(key, generations)
+        (state, obs_stats), metrics = jax.lax.scan(one_generation, (state, obs_stats), keys)
+        return state, obs_stats, metrics
+
+    return run
+
+
+def make_sharded_step(
+    strategy: Strategy,
+    fitness_fn: FitnessFn,
+    mesh: Mesh,
+    *,
+    generations_per_call: int = 1,
+    axis: str = DATA_AXIS,
+):
+    """One jitted call running `generations_per_call` generations over `mesh`.
+
+    Per generation: `ask` this device's members -> `fitness_fn` on each ->
+    `all_gather` of the `[population]` fitness -> `tell` on every device.
+    Fitness is MAXIMISED.
+
+    Args:
+      strategy: e.g. `make_openai_es(...)` or `make_ars(...)`.
+      fitness_fn: `fitness_fn(params_flat [num_dims], key) -> scalar`, pure and
+        jittable. Members `2k` and `2k + 1` receive the same key.
+      mesh: a mesh with axis `axis`; `population_size` must split evenly over it.
+      generations_per_call: generations per host call (a `lax.scan`).
+      axis: the mesh axis the population is split over.
+
+    Returns:
+      `step(state, key) -> (state, metrics)`, jitted; `state` replicated in and
+      out, each metric stacked over the `generations_per_call` generations.
+      Place the initial state with `jax.device_put(state, replicated(mesh))`
+      so the first call and later ones share one compilation.
+    """
+    run = _make_generations(
+        strategy,
+        lambda params, key, _: (_scalar_fitness(fitness_fn(params, key)), ()),
+        mesh,
+        axis,
+        generations_per_call,
+        normalize=False,
+    )
+
+    def step(state: Any, key: chex.PRNGKey):
+        state, _, metrics = run(state, (), key)
+        return state, metrics
+
+    return _jit_replicated(jax.shard_map(step, mesh=mesh, in_specs=P(), out_specs=P()), mesh)
+
+
+def make_sharded_step_normalized(
+    strategy: Strategy,
+    fitness_fn: NormalizedFitnessFn,
+    mesh: Mesh,
+    *,
+    generations_per_call: int = 1,
+    axis: str = DATA_AXIS,
+):
+    """`make_sharded_step` with online observation normalisation (ARS V2).
+
+    Args:
+      strategy: usually `make_ars(...)` (any strategy works).
+      fitness_fn: `fitness_fn(params_flat, key, obs_stats) -> (fitness, seen)`:
+        the member's return with its policy reading `normalize(obs_stats, obs)`,
+        and `observation_stats` of the raw observations it visited (mask the
+        steps after an episode ends).
+      mesh, generations_per_call, axis: as in `make_sharded_step`.
+
+    Returns:
+      `step(state, obs_stats, key) -> (state, obs_stats, metrics)`, jitted. The
+      generation's observations update `obs_stats` after its rollouts. As for
+      `make_sharded_step`, `jax.device_put` the initial arguments replicated.
+    """
+
+    def evaluate(params, key, obs_stats):
+        fitness, seen = fitness_fn(params, key, obs_stats)
+        return _scalar_fitness(fitness), seen
+
+    run = _make_generations(strategy, evaluate, mesh, axis, generations_per_call, normalize=True)
+    return _jit_replicated(jax.shard_map(run, mesh=mesh, in_specs=P(), out_specs=P()), mesh)
