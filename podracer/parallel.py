@@ -95,3 +95,14 @@ def vary(tree, axis_names: Sequence[str]):
         return jax.lax.pcast(x, missing, to="varying") if missing else x
 
     return jax.tree.map(cast, tree)
+
+
+def all_gather(local: jax.Array, axis_names: Sequence[str]) -> jax.Array:
+    """Concatenate every device's `[n, ...]` slice, in device order, on every device.
+
+    The result is typed as the same on all devices (`to="invarying"`), so it can
+    leave `shard_map` with a replicated spec; the identity without axes.
+    """
+    if not axis_names:
+        return local
+    return jax.lax.all_gather(local, tuple(axis_names), tiled=True, to="invarying")

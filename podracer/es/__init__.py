@@ -33,7 +33,7 @@ from podracer.es.normalizer import (
     reduce_stats,
 )
 from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
-from podracer.es.sharded import all_gather_members, make_sharded_step, make_sharded_step_normalized
+from podracer.es.sharded import make_sharded_step, make_sharded_step_normalized
 from podracer.es.strategy import Strategy, fitness_metrics
 
 __all__ = (
@@ -41,7 +41,6 @@ __all__ = (
     "OpenAIESState",
     "RunningStats",
     "Strategy",
-    "all_gather_members",
     "all_pair_noise",
     "antithetic_sign",
     "ars_step",

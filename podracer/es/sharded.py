@@ -24,23 +24,13 @@ from jax.sharding import Mesh, PartitionSpec as P
 from podracer.es.normalizer import RunningStats, merge_stats, psum_stats, reduce_stats
 from podracer.es.strategy import Strategy
 from podracer.errors import PodracerError
+from podracer import parallel
 from podracer.parallel import DATA_AXIS, axis_offset, replicated, split_evenly
 
 FitnessFn = Callable[[chex.Array, chex.PRNGKey], chex.Array]
 NormalizedFitnessFn = Callable[
     [chex.Array, chex.PRNGKey, RunningStats], tuple[chex.Array, RunningStats]
 ]
-
-
-def all_gather_members(local: chex.Array, axis_names: Sequence[str]) -> chex.Array:
-    """Concatenate every device's `[n, ...]` slice, in device order, on every device.
-
-    Inside `shard_map` the result is the same on all devices (`to="invarying"`);
-    the identity when `axis_names` is empty.
-    """
-    if not axis_names:
-        return local
-    return jax.lax.all_gather(local, tuple(axis_names), tiled=True, to="invarying")
 
 
 def _scalar_fitness(fitness: chex.Array) -> chex.Array:
@@ -84,7 +74,7 @@ def _make_generations(
         local_fitness, local_obs_stats = jax.vmap(evaluate_fn, in_axes=(0, 0, None))(
             params, member_keys, obs_stats
         )
-        fitness = all_gather_members(local_fitness, axis_names)
+        fitness = parallel.all_gather(local_fitness, axis_names)
         state, metrics = strategy.tell(state, ask_key, fitness)
         if normalize:
             seen = psum_stats(reduce_stats(local_obs_stats), axis_names)
