@@ -117,7 +117,7 @@ def parse_configs(argv: Sequence[str]) -> dict[str, Any]:
         try:
             configs[section] = cls(**kwargs)
         except ValueError as err:
-            raise PodracerError(f"{err}; fix the flag") from None
+            raise PodracerError(str(err)) from None
     return configs
 
 
