@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from podracer import config as run_config
 from podracer.anakin.loop import AnakinConfig
+from podracer.data.config import DataConfig
 from podracer.errors import PodracerError
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
@@ -30,6 +31,7 @@ SECTIONS: dict[str, type] = {
     "anakin": AnakinConfig,
     "optimizer": run_config.OptimConfig,
     "network": run_config.NetworkConfig,
+    "data": DataConfig,
 }
 
 
@@ -141,7 +143,8 @@ def _trainer(arch: str, algo: str):
     if (arch, algo) == ("anakin", "ppo"):
         from podracer.anakin.train import train_ppo
 
-        return lambda c: train_ppo(c["run"], c["ppo"], c["anakin"], c["optimizer"], c["network"])
+        return lambda c: train_ppo(c["run"], c["ppo"], c["anakin"], c["optimizer"], c["network"],
+                                   data=c["data"])
     raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
                         f"use --arch=anakin --algo=ppo")
 

@@ -12,6 +12,8 @@ from podracer import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, make_anakin, make_layout
 from podracer.config import NetworkConfig, OptimConfig, RunConfig, make_optimizer
+from podracer.data.config import DataConfig
+from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
 from podracer.errors import PodracerError
 from podracer.logger import RunLogger, prepare_run_dir
 from podracer.networks import make_network
@@ -32,10 +34,15 @@ def _interval_metrics(metrics) -> dict:
 
 
 def train_ppo(run: RunConfig, ppo_config: PPOConfig, anakin: AnakinConfig,
-              optim: OptimConfig, net: NetworkConfig, devices=None):
-    """Train PPO with Anakin on `devices` (default: all); returns (summary, final runner)."""
+              optim: OptimConfig, net: NetworkConfig, devices=None, data: DataConfig = DataConfig()):
+    """Train PPO with Anakin on `devices` (default: all); returns (summary, final runner).
+
+    `data` can start the policy from a dataset by behaviour cloning and record the
+    trained policy into a new dataset (`podracer.data.train_hooks`).
+    """
     if run.total_steps <= 0:
         raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
+    check_data_config(data)
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
     layout = make_layout(anakin, ppo_config, mesh)
@@ -51,6 +58,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, anakin: AnakinConfig,
     init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh)
 
     runner = init(jax.random.PRNGKey(run.seed))
+    runner, cloned = warm_start(runner, data, env, network, ppo_config, run.seed)
     compile_start = time.perf_counter()
     train = train.lower(runner).compile()
     compile_s = time.perf_counter() - compile_start
@@ -72,6 +80,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, anakin: AnakinConfig,
         logger.log(row)
     jax.block_until_ready(runner)
     train_s = time.perf_counter() - train_start
+    recorded = record_trained_policy(runner.train, data, env, network, ppo_config, run.seed)
     return logger.summary({
         "arch": "anakin", "algo": "ppo", "env": run.env,
         "env_steps": num_calls * steps_per_call,
@@ -81,4 +90,5 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, anakin: AnakinConfig,
         "devices": layout.num_devices,
         "compile_s": compile_s,
         "train_s": train_s,
+        **cloned, **recorded,
     }), runner
