@@ -19,7 +19,7 @@ import podracer
 from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
 from podracer.data.episodes import demonstrations, unpad_episodes
-from podracer.data.reader import load_episodes
+from podracer.data.reader import find_dataset_dir, load_episodes
 from podracer.data.record import make_recorder, policy_act_fn
 from podracer.data.spec import ACTION, IS_LAST, OBSERVATION, STEPS, import_tfds, step_spec_for_env
 from podracer.data.writer import DatasetWriter, check_new_dataset_dir
@@ -38,6 +38,8 @@ def check_data_config(data: DataConfig) -> None:
         import_tfds()
     if data.record_dataset:
         check_new_dataset_dir(data.record_dataset)
+    if data.init_from_dataset:
+        find_dataset_dir(data.init_from_dataset)
 
 
 def load_demonstrations(data_dir: str, env, gamma: float) -> Demonstrations:
