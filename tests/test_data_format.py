@@ -4,6 +4,8 @@ datasets), and the one-line errors for datasets it cannot use."""
 import json
 import os
 import struct
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.sequential_writer import SequentialWriter
 
+from conftest import REPO_ROOT
 from podracer import data
 from podracer.anakin.env import make_env
 from podracer.data.train_hooks import load_demonstrations
@@ -280,3 +283,17 @@ def test_windows_and_returns_to_go_hand_computed():
     mask = np.array([[True, True, True, False]])
     np.testing.assert_allclose(data.returns_to_go(reward, discount, mask, 0.5),
                                [[1.0 + 0.5 * 2.0, 2.0, 4.0, 0.0]])
+
+
+def test_without_the_data_extra_training_works_and_datasets_say_how_to_install(tmp_path):
+    # tensorflow-datasets made unimportable: the CLI still imports, a dataset flag is one line.
+    code = (
+        "import sys; sys.modules['tensorflow_datasets'] = None\n"
+        "from podracer.cli import main\n"
+        "import podracer.anakin.train, podracer.data\n"
+        f"sys.exit(main(['--record-dataset={tmp_path / 'ds'}', '--run-dir={tmp_path / 'run'}']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=REPO_ROOT)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "pip install 'podracer[data]'" in result.stderr
+    assert not (tmp_path / "ds").exists()

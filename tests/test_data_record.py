@@ -16,7 +16,7 @@ MAX_STEPS = 25
 def test_recorded_episodes_read_back_and_replay_in_gymnax(tmp_path):
     env = make_env("CartPole-v1")
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete)
-    params = jax.jit(network.init)(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
     state = ppo.init_train_state(params, optax.identity(), env.spec.obs_shape)
     act_fn = data.policy_act_fn(network.apply, ppo.PPOConfig())
     record = jax.jit(data.make_recorder(env, act_fn, num_episodes=8, max_steps=MAX_STEPS))
