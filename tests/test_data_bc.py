@@ -92,7 +92,8 @@ def test_warm_start_from_expert_dataset_reaches_what_random_cannot(tmp_path):
                            net.activation)
     params = jax.device_get(runner.train.params)
     log_prob = jax.jit(lambda obs, action: network.apply(params, obs)[0].log_prob(action))
-    np.testing.assert_allclose(log_prob(cloned.steps["observation"][acting], cloned.steps["action"][acting]),
+    np.testing.assert_allclose(log_prob(cloned.steps["observation"][acting],
+                                        cloned.steps["action"][acting]),
                                cloned.steps["policy_log_prob"][acting], rtol=1e-5, atol=1e-5)
 
 

@@ -72,7 +72,8 @@ def test_written_episodes_read_back_exactly_with_metadata(tmp_path):
     source = builder.as_data_source(split="train")
     assert len(source) == 3
     first_steps = list(source[0]["steps"])
-    np.testing.assert_array_equal(np.stack([s["observation"] for s in first_steps]), episodes[0]["observation"])
+    np.testing.assert_array_equal(np.stack([s["observation"] for s in first_steps]),
+                                  episodes[0]["observation"])
 
     batch = data.load_episodes(str(tmp_path / "ds"))
     assert batch.mask.shape == (3, 9) and batch.mask.sum(axis=1).tolist() == [6, 2, 9]
@@ -179,8 +180,9 @@ def test_reads_other_tools_datasets_nested_and_encoded_fields(tmp_path):
     assert windows["observation"]["velocity"].shape == (7, 3, 2)
     np.testing.assert_array_equal(windows["action"][2], episodes[1]["steps"]["action"][2:5])
     np.testing.assert_array_equal(windows["reward"][6], episodes[4]["steps"]["reward"])
-    _assert_one_line_error(lambda: data.load_episodes(str(tmp_path), requirements={"observation/speed": None}),
-                           "steps/observation/speed")
+    _assert_one_line_error(
+        lambda: data.load_episodes(str(tmp_path), requirements={"observation/speed": None}),
+        "steps/observation/speed")
 
 
 def test_reads_tfrecord_datasets_without_tensorflow(tmp_path):
@@ -216,7 +218,8 @@ def test_unusable_datasets_get_one_line_errors(tmp_path):
     cartpole = make_env("CartPole-v1")
     _assert_one_line_error(lambda: data.load_episodes(str(tmp_path / "missing")), "does not exist")
     (tmp_path / "empty").mkdir()
-    _assert_one_line_error(lambda: data.load_episodes(str(tmp_path / "empty")), "no tensorflow-datasets dataset")
+    _assert_one_line_error(lambda: data.load_episodes(str(tmp_path / "empty")),
+                           "no tensorflow-datasets dataset")
 
     # Mis-shaped: three-number observations where CartPole has four.
     with data.DatasetWriter(str(tmp_path / "three"), SPEC) as writer:
@@ -259,7 +262,8 @@ def test_unusable_datasets_get_one_line_errors(tmp_path):
 
     # Records that do not match features.json (files from another spec).
     (tmp_path / "three" / "features.json").write_text((tmp_path / "range" / "features.json").read_text())
-    _assert_one_line_error(lambda: data.load_episodes(str(tmp_path / "three")), "episode 0 does not match")
+    _assert_one_line_error(lambda: data.load_episodes(str(tmp_path / "three")),
+                           "episode 0 does not match")
 
     # Several datasets below one directory, an unknown split, a directory that is in use.
     _assert_one_line_error(lambda: data.load_episodes(str(tmp_path)), "datasets", "pass the directory")

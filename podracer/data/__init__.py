@@ -15,9 +15,11 @@ from podracer.data.config import DataConfig
 from podracer.data.episodes import (EpisodeBatch, demonstrations, pad_episodes, returns_to_go,
                                     unpad_episodes, windows)
 from podracer.data.reader import (check_fields, dataset_metadata, describe_steps, find_dataset_dir,
-                                  iter_episodes, load_episodes, load_windows, open_dataset, read_episodes)
+                                  iter_episodes, load_episodes, load_windows, open_dataset,
+                                  read_episodes)
 from podracer.data.record import make_recorder, policy_act_fn
-from podracer.data.spec import EPISODE_METADATA, RLDS_STEP_FIELDS, FieldSpec, step_spec, step_spec_for_env
+from podracer.data.spec import (EPISODE_METADATA, RLDS_STEP_FIELDS, FieldSpec, step_spec,
+                                step_spec_for_env)
 from podracer.data.writer import DatasetWriter
 
 __all__ = [

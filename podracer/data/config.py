@@ -10,7 +10,8 @@ class DataConfig:
     """RLDS datasets (tensorflow-datasets, array_record; needs `pip install 'podracer[data]'`)."""
 
     record_dataset: str = ""
-    """After training, record --record-episodes episodes of the trained policy into this new directory."""
+    """After training, record --record-episodes episodes of the trained policy into this new
+    directory."""
     record_episodes: int = 10
     """Episodes to record with --record-dataset."""
     record_deterministic: bool = False
@@ -29,6 +30,7 @@ class DataConfig:
     def __post_init__(self):
         for name in ("record_episodes", "bc_steps", "bc_batch_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
         if self.bc_lr <= 0 or self.bc_value_coef < 0:
             raise ValueError("--bc-lr must be > 0 and --bc-value-coef >= 0")

@@ -46,7 +46,8 @@ def find_dataset_dir(data_dir: str) -> str:
                             f"in it or below); pass the directory a dataset was written to")
     if len(found) > 1:
         shown = ", ".join(os.path.relpath(path, data_dir) for path in found[:3])
-        raise PodracerError(f"{data_dir} holds {len(found)} datasets ({shown}{', ...' if len(found) > 3 else ''}); "
+        more = ", ..." if len(found) > 3 else ""
+        raise PodracerError(f"{data_dir} holds {len(found)} datasets ({shown}{more}); "
                             f"pass the directory of the one to read")
     return found[0]
 
@@ -76,7 +77,8 @@ def _feature_at(feature, path: str):
     return feature
 
 
-def check_fields(builder, requirements: Requirements = DEFAULT_REQUIREMENTS, purpose: str = "reading it") -> None:
+def check_fields(builder, requirements: Requirements = DEFAULT_REQUIREMENTS,
+                 purpose: str = "reading it") -> None:
     """A one-line `PodracerError` if the dataset is not RLDS-shaped or a required
     step field is missing or has another per-step shape.
 
@@ -129,9 +131,9 @@ class _EpisodeDecoder:
         episode = {key: self._features[key].decode_example_np(parsed[key])
                    for key in self._features.keys() if key != STEPS}
         if self._whole_arrays:
-            steps = jax.tree.map(
-                lambda feature, value: np.asarray(value, feature.np_dtype).reshape((-1, *feature.shape)),
-                _feature_tree(self._features[STEPS].feature), parsed[STEPS])
+            as_steps = lambda feature, value: np.asarray(value, feature.np_dtype).reshape(
+                (-1, *feature.shape))
+            steps = jax.tree.map(as_steps, _feature_tree(self._features[STEPS].feature), parsed[STEPS])
         else:
             decoded = list(self._features[STEPS].decode_example_np(parsed[STEPS]))
             steps = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *decoded)
@@ -169,14 +171,15 @@ def _records(builder, split: str) -> Iterator[bytes]:
     if info.splits[split].num_examples == 0:
         return
     if file_format == tfds.core.FileFormat.ARRAY_RECORD:
-        source = builder.as_data_source(split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+        source = builder.as_data_source(split=split,
+                                        deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
         yield from (source[i] for i in range(len(source)))
     elif file_format == tfds.core.FileFormat.TFRECORD:
         for path in info.splits[split].filepaths:
             yield from _tfrecord_records(os.fspath(path))
     else:
-        raise PodracerError(f"dataset {builder.data_dir} is stored as {file_format.value}; podracer reads "
-                            f"array_record and tfrecord (convert it with `tfds convert_format`)")
+        raise PodracerError(f"dataset {builder.data_dir} is stored as {file_format.value}; podracer "
+                            f"reads array_record and tfrecord (convert it with `tfds convert_format`)")
 
 
 def iter_episodes(data_dir: str, split: str = "train", *, max_episodes: int | None = None,
@@ -204,7 +207,8 @@ def read_episodes(data_dir: str, split: str = "train", **kwargs) -> list[dict]:
     return list(iter_episodes(data_dir, split, **kwargs))
 
 
-def load_episodes(data_dir: str, split: str = "train", *, length: int | None = None, **kwargs) -> EpisodeBatch:
+def load_episodes(data_dir: str, split: str = "train", *, length: int | None = None,
+                  **kwargs) -> EpisodeBatch:
     """Every episode as one padded `EpisodeBatch` ([N, L, ...] steps and an [N, L] mask)."""
     episodes = read_episodes(data_dir, split, **kwargs)
     if not episodes:

@@ -75,33 +75,32 @@ def make_recorder(env, act_fn: ActFn, num_episodes: int, max_steps: int | None =
         # Time-major [T, N] -> batch-major [N, T].
         obs, action, log_prob, reward, terminated, final_obs = jax.tree.map(
             lambda x: jnp.swapaxes(x, 0, 1), rows)
-        acting = ~finished_before.T  # [N, T]: the step belongs to the recorded episode
-        length = acting.sum(axis=1)  # transitions; the final observation is step `length`
+        length = (~finished_before).sum(axis=0)  # transitions; step `length` is the final observation
         episodes = jnp.arange(num_episodes)
         reached_terminal = terminated[episodes, length - 1]
 
         t = jnp.arange(max_steps + 1)[None, :]
+        acting = t < length[:, None]  # steps whose action was taken: [N, T + 1]
         is_last = t == length[:, None]
         mask = t <= length[:, None]
 
-        def steps_of(x, fill_last=None):
-            padded = jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
-            expand = lambda m: m.reshape(m.shape + (1,) * (x.ndim - 2))
-            if fill_last is not None:
-                padded = jnp.where(expand(is_last), fill_last[:, None], padded)
-                return jnp.where(expand(mask), padded, 0)
-            return jnp.where(expand(t < length[:, None]), padded, 0)
+        def where(condition, x, y):
+            return jnp.where(condition.reshape(condition.shape + (1,) * (x.ndim - 2)), x, y)
 
-        acting_steps = t < length[:, None]
+        def acting_steps(x):
+            """[N, T, ...] -> [N, T + 1, ...], zero on the final step and past it."""
+            return where(acting, jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1), 0)
+
+        final_step = final_obs[episodes, length - 1][:, None]  # [N, 1, ...]
         steps = {
-            OBSERVATION: steps_of(obs, fill_last=final_obs[episodes, length - 1]),
-            ACTION: steps_of(action),
-            REWARD: steps_of(reward),
-            DISCOUNT: jnp.where(acting_steps, 1.0 - steps_of(terminated.astype(jnp.float32)), 0.0),
+            OBSERVATION: where(is_last, final_step, acting_steps(obs)),
+            ACTION: acting_steps(action),
+            REWARD: acting_steps(reward),
+            DISCOUNT: jnp.where(acting, 1.0 - acting_steps(terminated.astype(jnp.float32)), 0.0),
             IS_FIRST: jnp.broadcast_to(t == 0, mask.shape),
             IS_LAST: is_last,
             IS_TERMINAL: is_last & reached_terminal[:, None],
-            POLICY_LOG_PROB: steps_of(log_prob),
+            POLICY_LOG_PROB: acting_steps(log_prob),
         }
         metadata = {"episode_return": steps[REWARD].sum(axis=1), "episode_length": length}
         return EpisodeBatch(steps, mask, metadata)

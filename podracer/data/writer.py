@@ -25,8 +25,10 @@ from typing import Any, Hashable, Mapping
 
 import numpy as np
 
-from podracer.data.spec import (DISCOUNT, EPISODE_METADATA, IS_FIRST, IS_LAST, IS_TERMINAL, OBSERVATION,
-                                RLDS_STEP_FIELDS, REWARD, STEPS, FieldSpec, import_tfds, tfds_features)
+from podracer.data.episodes import unpad_episodes
+from podracer.data.spec import (ACTION, DISCOUNT, EPISODE_METADATA, IS_FIRST, IS_LAST, IS_TERMINAL,
+                                OBSERVATION, RLDS_STEP_FIELDS, REWARD, STEPS, FieldSpec, import_tfds,
+                                tfds_features)
 from podracer.errors import PodracerError
 
 DEFAULT_NAME = "podracer_episodes"
@@ -85,7 +87,8 @@ class DatasetWriter:
         features = tfds_features(self._steps, EPISODE_METADATA)
         self._serializer = ExampleSerializer(features.get_serialized_info())
         self._info = tfds.core.DatasetInfo(
-            builder=tfds.core.DatasetIdentity(name=name, version=version, data_dir=data_dir, module_name=""),
+            builder=tfds.core.DatasetIdentity(name=name, version=version, data_dir=data_dir,
+                                              module_name=""),
             features=features, description=description or "RLDS episodes recorded by podracer.",
             metadata=tfds.core.MetadataDict(metadata or {}))
         self._info.set_file_format(FILE_FORMAT)
@@ -117,8 +120,6 @@ class DatasetWriter:
 
     def add_episodes(self, batch) -> list[int]:
         """Write every episode of an `EpisodeBatch` (e.g. from `make_recorder`); returns their ids."""
-        from podracer.data.episodes import unpad_episodes
-
         return [self.add_episode(episode[STEPS]) for episode in unpad_episodes(batch)]
 
     # -- step by step ---------------------------------------------------------------
@@ -127,10 +128,15 @@ class DatasetWriter:
         """Append step t of `stream`'s open episode: o_t, the action a_t taken on it,
         the reward r_t that followed, and any other spec field (`discount` defaults
         to 1, others to zero)."""
-        step = {OBSERVATION: observation, "action": action, REWARD: reward, **fields}
+        # Copies: actors often reuse their observation buffers for the next step.
+        step = {name: np.array(value) for name, value in
+                {OBSERVATION: observation, ACTION: action, REWARD: reward, **fields}.items()}
         unknown = set(step) - set(self._steps)
         if unknown:
             raise ValueError(f"fields {sorted(unknown)} are not in the dataset's step spec")
+        flags = set(step) & {IS_FIRST, IS_LAST, IS_TERMINAL}
+        if flags:
+            raise ValueError(f"{sorted(flags)} are set by the writer; pass `terminated` to end_episode")
         with self._lock:
             self._open_steps.setdefault(stream, []).append(step)
 
@@ -152,7 +158,7 @@ class DatasetWriter:
             rows[-1][DISCOUNT] = 0.0
         rows.append({**{name: zero(name) for name in names}, OBSERVATION: final_observation})
         steps = {name: np.stack([np.asarray(row[name]) for row in rows]) for name in names}
-        steps[IS_TERMINAL] = np.arange(len(rows)) == len(rows) - 1 if terminated else np.zeros(len(rows), bool)
+        steps[IS_TERMINAL] = (np.arange(len(rows)) == len(rows) - 1) & bool(terminated)
         return self.add_episode(steps)
 
     # -- files ----------------------------------------------------------------------
@@ -196,7 +202,8 @@ class DatasetWriter:
         # per-step `encode_example` would do for plain tensors, in a Python loop.
         record = self._serializer.serialize_example(example)
         if self._shard is None:
-            path = self._template.sharded_filepath(shard_index=len(self._shard_lengths), num_shards=None)
+            path = self._template.sharded_filepath(shard_index=len(self._shard_lengths),
+                                                   num_shards=None)
             self._shard = self._new_shard_writer(path)
             self._shard_lengths.append(0)
             self._shard_bytes.append(0)
