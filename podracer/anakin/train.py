@@ -63,8 +63,12 @@ def train_ppo(configs: dict[str, Any], devices=None):
     """
     wall_start = time.perf_counter()
     run = configs["run"]
-    env, network, layout, steps_per_call, num_calls, init, train = build(configs, devices)
     resuming = has_checkpoint(run.run_dir)
+    if resuming:  # a mismatched config fails before anything is built
+        probe = Checkpointer(run.run_dir, configs["checkpoint"], configs, create=False)
+        probe.check_config(probe.read_meta())
+        probe.close()
+    env, network, layout, steps_per_call, num_calls, init, train = build(configs, devices)
     prepare_run_dir(run.run_dir)
     checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)
 
