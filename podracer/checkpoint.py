@@ -143,6 +143,21 @@ class Checkpointer:
         self.manager.close()
 
 
+def restore_on_host(state_dir: str) -> Any:
+    """A checkpoint's `state` item as plain nested containers of arrays on one device.
+
+    Works whatever the topology it was saved from (8 devices, 2 processes, a pod
+    slice): every array is restored whole onto this process's first device.
+    """
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.StandardCheckpointer()
+    tree = checkpointer.metadata(state_dir).item_metadata
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
+    return checkpointer.restore(state_dir, target)
+
+
 def checkpoint_dir_of(checkpointer: Checkpointer) -> str:
     return str(checkpointer.manager.directory)
 

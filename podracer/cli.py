@@ -22,6 +22,7 @@ from podracer import config as run_config
 from podracer.anakin.loop import AnakinConfig
 from podracer.checkpoint import CheckpointConfig
 from podracer.errors import Interrupted, PodracerError
+from podracer.orchestrate import DistConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
 
@@ -33,6 +34,7 @@ SECTIONS: dict[str, type] = {
     "optimizer": run_config.OptimConfig,
     "network": run_config.NetworkConfig,
     "checkpoint": CheckpointConfig,
+    "distributed": DistConfig,
 }
 
 
@@ -149,12 +151,16 @@ def run(argv: Sequence[str]) -> dict:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     if run_cfg.cpu_devices < 0:
         raise PodracerError(f"--cpu-devices must be >= 0, got {run_cfg.cpu_devices}")
+    trainer = _trainer(run_cfg.arch, run_cfg.algo)
     if run_cfg.cpu_devices:
         import jax
 
         # Only effective before JAX's CPU backend starts, which nothing above has done.
         jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)
-    summary, _ = _trainer(run_cfg.arch, run_cfg.algo)(configs)
+    from podracer import orchestrate
+
+    orchestrate.initialize(configs["distributed"])
+    summary, _ = trainer(configs)
     return summary
 
 
@@ -190,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             logging.getLogger("absl").setLevel(logging.CRITICAL)
             return evaluate_main(argv[1:])
+        if parse_configs(argv)["distributed"].spawns:
+            from podracer import orchestrate
+
+            return orchestrate.spawn_local(argv, parse_configs(argv)["distributed"].num_processes)
         run(argv)
     except PodracerError as err:
         print(f"error: {err}", file=sys.stderr)

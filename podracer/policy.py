@@ -9,15 +9,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from podracer.checkpoint import Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint
+from podracer.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
+                                 restore_on_host)
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
 
 
 def read_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(meta, restored state as plain nested dicts) of the latest checkpoint in `run_dir`."""
-    import orbax.checkpoint as ocp
-
     if not os.path.isdir(run_dir):
         raise PodracerError(f"--run-dir={run_dir} does not exist; pass the directory of a finished run")
     if not has_checkpoint(run_dir):
@@ -27,7 +26,7 @@ def read_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     meta = checkpointer.read_meta(step)
     checkpointer.close()
     try:
-        state = ocp.StandardCheckpointer().restore(os.path.join(checkpoint_dir(run_dir), str(step), "state"))
+        state = restore_on_host(os.path.join(checkpoint_dir(run_dir), str(step), "state"))
     except Exception as err:
         raise PodracerError(f"checkpoint {step} in {checkpoint_dir(run_dir)} is unreadable "
                             f"({type(err).__name__}); delete it to fall back to an older one") from None

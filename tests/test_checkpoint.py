@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import numpy as np
-import orbax.checkpoint as ocp
+from podracer.checkpoint import restore_on_host
 import pytest
 
 from conftest import LAUNCHER, PYTHON
@@ -39,7 +39,7 @@ def _steps(run_dir):
 
 def _final_params(run_dir):
     step = _steps(run_dir)[-1]
-    restored = ocp.StandardCheckpointer().restore(run_dir / "checkpoints" / str(step) / "state")
+    restored = restore_on_host(str(run_dir / "checkpoints" / str(step) / "state"))
     return restored["train"]["params"]
 
 

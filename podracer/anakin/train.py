@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from podracer.networks import make_network
 
 def _interval_metrics(metrics) -> dict:
     """Reduce one call's stacked per-update metrics to one log row."""
-    metrics = jax.device_get(metrics)
+    metrics = parallel.to_host(metrics)
     episodes = int(np.sum(metrics.pop("episodes")))
     return_sum = float(np.sum(metrics.pop("episode_return_sum")))
     length_sum = float(np.sum(metrics.pop("episode_length_sum")))
@@ -83,7 +84,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
 
     every = configs["checkpoint"].checkpoint_every
     save_every_calls = math.ceil(every / steps_per_call) if every else 0
-    logger = RunLogger(run.run_dir, num_calls * steps_per_call,
+    logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=parallel.is_main_process(),
                        resume_steps=start_call * steps_per_call)
     last_saved = start_call * steps_per_call if resuming else None
     train_start = time.perf_counter()
@@ -103,19 +104,20 @@ def train_ppo(configs: dict[str, Any], devices=None):
 
     try:
         with stop_on_signals() as stop:
-            pending = None
+            pending, stopping = None, False
             for call in range(start_call, num_calls):
                 runner, metrics = train(runner)  # dispatched: the host logs while it runs
                 if pending is not None:
                     record(*pending)
                 pending = (call, metrics)
                 last = call + 1 == num_calls
-                if last or stop or (save_every_calls and (call + 1) % save_every_calls == 0):
+                stopping = parallel.any_process(bool(stop))  # every process stops at the same call
+                if last or stopping or (save_every_calls and (call + 1) % save_every_calls == 0):
                     record(*pending)  # the NaN guard runs before anything is saved
                     pending = None
                     checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
                     last_saved = (call + 1) * steps_per_call
-                if stop:
+                if stopping:
                     break
             jax.block_until_ready(runner)
             train_s = time.perf_counter() - train_start
@@ -134,10 +136,14 @@ def train_ppo(configs: dict[str, Any], devices=None):
         "compile_s": compile_s,
         "train_s": train_s,
         "resumed_from_env_steps": start_call * steps_per_call if resuming else None,
+        "processes": jax.process_count(),
+        # Every process must hold the same parameters; one hash per process proves it.
+        "params_fingerprints": parallel.process_fingerprints(runner.train.params),
         "wall_s": time.perf_counter() - wall_start,
     })
-    if stop:
-        raise Interrupted(stop.signal, f"stopped by signal {stop.signal} at env step "
+    if stopping:
+        signum = stop.signal or signal.SIGTERM  # another process may have received it
+        raise Interrupted(signum, f"stopped by signal {signum} at env step "
                                        f"{done_calls * steps_per_call:,}; checkpoint saved, "
                                        f"run the same command to resume")
     return summary, runner
