@@ -46,7 +46,7 @@ class RunLogger:
     """
 
     def __init__(self, run_dir: str, total_steps: int, stream: TextIO | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, resume_steps: int = 0):
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
@@ -56,7 +56,28 @@ class RunLogger:
         self.last_return = float("nan")
         self.rows = 0
         if enabled:
-            self._file = open(os.path.join(run_dir, "metrics.jsonl"), "w")
+            self._file = self._open_metrics(resume_steps)
+
+    def _open_metrics(self, resume_steps: int) -> TextIO:
+        """A fresh file, or, when resuming, the rows up to the checkpoint, then append."""
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        if not resume_steps:
+            return open(path, "w")
+        kept = []
+        if os.path.exists(path):
+            for line in open(path):
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line cut short by a kill
+                    continue
+                if row.get("env_steps", 0) <= resume_steps:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                    if row.get("episode_return_mean") is not None:
+                        self.last_return = row["episode_return_mean"]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+        return open(path, "a")
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start

@@ -75,8 +75,7 @@ def test_warm_start_from_expert_dataset_reaches_what_random_cannot(tmp_path):
         "--epochs=1", "--minibatches=1",
         f"--run-dir={tmp_path / 'run'}", f"--init-from-dataset={tmp_path / 'expert'}", "--bc-steps=600",
         f"--record-dataset={tmp_path / 'cloned'}", "--record-episodes=6"])
-    summary, runner = train_ppo(configs["run"], configs["ppo"], configs["anakin"], configs["optimizer"],
-                                configs["network"], devices=jax.devices()[:1], data=configs["data"])
+    summary, runner = train_ppo(configs, devices=jax.devices()[:1])
     assert summary["bc_demonstrations"] == int(lengths.sum())
     assert summary["dataset_episodes"] == 6
     assert summary["dataset_return_mean"] >= 200, summary

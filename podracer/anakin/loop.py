@@ -125,6 +125,9 @@ def make_anakin(
                            final_value)
         train, metrics = update(train, batch, bootstrap_value, update_key)
         done = jnp.logical_or(ts.terminated, ts.truncated)
+        # For the NaN guard: checked on the host before anything is saved.
+        metrics["params_finite"] = jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(train.params)]))
         metrics.update(parallel.psum({
             "episodes": done.sum(),
             "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),

@@ -2,7 +2,8 @@
 
 `train_ppo` calls three functions, each a no-op when its flag is not given:
 `check_data_config` before anything is built, `warm_start` on the freshly
-initialised runner (its params become the behaviour-cloned ones), and
+initialised runner of a run that is not resuming (its params become the
+behaviour-cloned ones; every process clones the same), and, in process 0 only,
 `record_trained_policy` on the final train state.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import optax
 
 import podracer
+from podracer import parallel
 from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
 from podracer.data.episodes import demonstrations, unpad_episodes
@@ -32,11 +34,12 @@ from podracer.types import TrainState
 RECORD_CHUNK = 256
 
 
-def check_data_config(data: DataConfig) -> None:
-    """Fail before training, not after it: the extra is installed, the output directory is free."""
+def check_data_config(data: DataConfig, writes: bool = True) -> None:
+    """Fail before training, not after it: the extra is installed, the dataset to clone
+    exists, and (in the process that `writes` the recording) the output directory is free."""
     if data.record_dataset or data.init_from_dataset:
         import_tfds()
-    if data.record_dataset:
+    if data.record_dataset and writes:
         check_new_dataset_dir(data.record_dataset)
     if data.init_from_dataset:
         find_dataset_dir(data.init_from_dataset)
@@ -96,16 +99,18 @@ def warm_start(runner, data: DataConfig, env, network, ppo_config: PPOConfig, se
     demos = load_demonstrations(data.init_from_dataset, env, ppo_config.gamma)
     config = BCConfig(batch_size=data.bc_batch_size, value_coef=data.bc_value_coef,
                       normalize_observations=ppo_config.normalize_observations)
-    initial = jax.device_get(runner.train)
+    initial = parallel.to_host(runner.train)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xBC)
     cloned, metrics = behaviour_clone(network.apply, initial.params, demos, config, data.bc_lr,
                                       data.bc_steps, key)
-    # Put the cloned values where the runner's replicated values live.
+    # Every process cloned the same values; place them as the runner's replicated ones.
+    def place(new, old):
+        new = np.asarray(new)
+        return jax.make_array_from_callback(old.shape, old.sharding, lambda index: new[index])
+
     train = runner.train._replace(
-        params=jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), cloned.params,
-                            runner.train.params),
-        obs_stats=jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), cloned.obs_stats,
-                               runner.train.obs_stats))
+        params=jax.tree.map(place, cloned.params, runner.train.params),
+        obs_stats=jax.tree.map(place, cloned.obs_stats, runner.train.obs_stats))
     return runner._replace(train=train), {
         "bc_steps": data.bc_steps,
         "bc_demonstrations": int(len(demos.action)),
@@ -119,7 +124,7 @@ def record_trained_policy(train: TrainState, data: DataConfig, env, network, ppo
     """Record `data.record_episodes` episodes of the policy in `train` into `data.record_dataset`."""
     if not data.record_dataset:
         return {}
-    state = jax.device_get(train)
+    state = parallel.to_host(train)
     act_fn = policy_act_fn(network.apply, ppo_config, data.record_deterministic)
     chunk = min(data.record_episodes, RECORD_CHUNK)
     record = jax.jit(make_recorder(env, act_fn, chunk))
