@@ -164,6 +164,25 @@ def run(argv: Sequence[str]) -> dict:
     return summary
 
 
+def train(**flags) -> dict:
+    """Train from Python with the launcher's flags as keywords; returns the summary.
+
+        podracer.train(arch="anakin", algo="ppo", env="CartPole-v1", total_steps=100_000)
+
+    Presets, validation and outputs are exactly those of `python launch/tpu.py`.
+    """
+    argv = []
+    for name, value in flags.items():
+        flag = _flag(name)
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (tuple, list)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv.append(f"{flag}={value}")
+    return run(argv)
+
+
 def _trainer(arch: str, algo: str):
     """`train(configs) -> (summary, final state)` for an architecture and algorithm."""
     if (arch, algo) == ("anakin", "ppo"):
