@@ -46,7 +46,7 @@ class RunLogger:
     """
 
     def __init__(self, run_dir: str, total_steps: int, stream: TextIO | None = None,
-                 enabled: bool = True, resume_steps: int = 0):
+                 enabled: bool = True, resume_steps: int = 0, wandb_run: Any = None):
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
@@ -55,8 +55,13 @@ class RunLogger:
         self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.last_return = float("nan")
         self.rows = 0
+        self._wandb = wandb_run
         if enabled:
             self._file = self._open_metrics(resume_steps)
+            from tensorboardX import SummaryWriter
+
+            # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
+            self._tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
     def _open_metrics(self, resume_steps: int) -> TextIO:
         """A fresh file, or, when resuming, the rows up to the checkpoint, then append."""
@@ -93,6 +98,12 @@ class RunLogger:
             return
         self._file.write(json.dumps(metrics) + "\n")
         self._file.flush()
+        scalars = {key: value for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_steps"}
+        for key, value in scalars.items():
+            self._tensorboard.add_scalar(f"podracer/{key}", value, metrics["env_steps"])
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=metrics["env_steps"])
         self._progress(metrics)
 
     def _progress(self, metrics: dict[str, Any]) -> None:
@@ -112,6 +123,10 @@ class RunLogger:
         summary.setdefault("wall_s", round(self.elapsed(), 3))
         if self.enabled:
             self._file.close()
+            self._tensorboard.close()
+            if self._wandb is not None:
+                self._wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+                self._wandb.finish()
             path = os.path.join(self.run_dir, "summary.json")
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
