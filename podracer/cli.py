@@ -35,6 +35,7 @@ SECTIONS: dict[str, type] = {
     "network": run_config.NetworkConfig,
     "checkpoint": CheckpointConfig,
     "distributed": DistConfig,
+    "logging": run_config.LogConfig,
 }
 
 

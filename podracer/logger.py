@@ -24,6 +24,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def start_wandb(configs: dict[str, Any]) -> Any:
+    """A Weights & Biases run when `--wandb` asks for one (process 0 only), else None."""
+    import dataclasses
+
+    logging_config = configs.get("logging")
+    if logging_config is None or not logging_config.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb") from None
+    run = configs["run"]
+    return wandb.init(project=logging_config.wandb_project, dir=run.run_dir,
+                      name=os.path.basename(os.path.abspath(run.run_dir)),
+                      config={name: dataclasses.asdict(cfg) for name, cfg in configs.items()})
+
+
 def prepare_run_dir(run_dir: str) -> str:
     """Create `run_dir` (and parents) or explain why it cannot be written."""
     try:
