@@ -36,6 +36,7 @@ SECTIONS: dict[str, type] = {
     "network": run_config.NetworkConfig,
     "checkpoint": CheckpointConfig,
     "distributed": DistConfig,
+    "logging": run_config.LogConfig,
     "data": DataConfig,
 }
 
@@ -164,6 +165,25 @@ def run(argv: Sequence[str]) -> dict:
     orchestrate.initialize(configs["distributed"])
     summary, _ = trainer(configs)
     return summary
+
+
+def train(**flags) -> dict:
+    """Train from Python with the launcher's flags as keywords; returns the summary.
+
+        podracer.train(arch="anakin", algo="ppo", env="CartPole-v1", total_steps=100_000)
+
+    Presets, validation and outputs are exactly those of `python launch/tpu.py`.
+    """
+    argv = []
+    for name, value in flags.items():
+        flag = _flag(name)
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (tuple, list)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv.append(f"{flag}={value}")
+    return run(argv)
 
 
 def _trainer(arch: str, algo: str):

@@ -70,6 +70,16 @@ class NetworkConfig:
             raise ValueError(f"--hidden needs positive widths, got {self.hidden}")
 
 
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """Where metrics go besides metrics.jsonl and TensorBoard."""
+
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `pip install wandb` and a login)."""
+    wandb_project: str = "podracer"
+    """Weights & Biases project name."""
+
+
 def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
     """The optax chain for `config`; `total_steps` optimiser steps for the decay.
 

@@ -18,7 +18,7 @@ from podracer.config import make_optimizer
 from podracer.data.config import DataConfig
 from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
 from podracer.errors import Interrupted, PodracerError
-from podracer.logger import RunLogger, prepare_run_dir
+from podracer.logger import RunLogger, prepare_run_dir, start_wandb
 from podracer.networks import make_network
 
 
@@ -92,8 +92,10 @@ def train_ppo(configs: dict[str, Any], devices=None):
 
     every = configs["checkpoint"].checkpoint_every
     save_every_calls = math.ceil(every / steps_per_call) if every else 0
-    logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=parallel.is_main_process(),
-                       resume_steps=start_call * steps_per_call)
+    main_process = parallel.is_main_process()
+    logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=main_process,
+                       resume_steps=start_call * steps_per_call,
+                       wandb_run=start_wandb(configs) if main_process else None)
     last_saved = start_call * steps_per_call if resuming else None
     train_start = time.perf_counter()
 
