@@ -31,6 +31,8 @@ CHECKPOINT_DIR = "checkpoints"
 RESUMABLE_CHANGES = {
     ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"),
     ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
+    ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
+    ("logging", "wandb"), ("logging", "wandb_project"),
 }
 
 
