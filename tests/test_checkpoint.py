@@ -18,8 +18,7 @@ RUN = ["--num-envs=16", "--rollout-len=16", "--updates-per-call=1", "--total-ste
 
 
 def _env(tmp_path):
-    # Compiled programs are cached across the subprocesses of one test.
-    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache")}
+    return dict(os.environ)  # with the session's compilation cache (conftest)
 
 
 def _launch(args, tmp_path, timeout=180):

@@ -19,7 +19,7 @@ SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-st
 
 
 def _env(tmp_path):
-    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache")}
+    return dict(os.environ)  # with the session's compilation cache (conftest)
 
 
 def _final(run_dir):
