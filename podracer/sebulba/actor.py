@@ -60,7 +60,7 @@ def make_policy_step(apply_fn: Callable, ppo_config: PPOConfig) -> Callable:
 
     def policy_step(params, obs_stats, obs, key):
         key, act_key = jax.random.split(key)
-        action, log_prob, value = act(params, obs_stats, obs, act_key)
+        action, log_prob, value = act(params, obs_stats, obs, jax.random.split(act_key, obs.shape[0]))
         columns = action.reshape(action.shape[0], -1).astype(jnp.float32)
         return key, jnp.concatenate([columns, log_prob[:, None], value[:, None]], axis=1)
 

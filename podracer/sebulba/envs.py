@@ -62,7 +62,9 @@ def is_atari(env_id: str) -> bool:
 def env_spec(env_id: str) -> EnvSpec:
     """Spaces of an envpool environment; float64 observations are delivered as float32."""
     spec = _make_spec(env_id)
-    obs_space, action_space = spec.observation_space, spec.action_space
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium's float64 -> float32 bound notices
+        obs_space, action_space = spec.observation_space, spec.action_space
     discrete = hasattr(action_space, "n")
     obs_dtype = np.float32 if obs_space.dtype == np.float64 else obs_space.dtype
     if discrete:
