@@ -40,11 +40,6 @@ class Trajectory(NamedTuple):
 
 
 class ActorSettings(NamedTuple):
-    env_id: str
-    num_envs: int  # this thread's environments
-    env_batch: int  # environments per recv
-    env_threads: int
-    env_seed: int
     rollout_len: int
     synchronous: bool  # wait for the update of each trajectory before acting again
 
@@ -84,16 +79,14 @@ def put_until_stopped(out: queue.Queue, item, stop: threading.Event, poll_s: flo
     return False
 
 
-def run_actor(actor_id: int, settings: ActorSettings, device: jax.Device, policy_step: Callable,
-              store: ParamsStore, out: queue.Queue, learner_mesh: Mesh, key: jax.Array,
-              control: Control, timings: Timings) -> None:
-    """The body of one actor thread; returns when `control` says stop."""
-    envs = EnvPoolEnvs(settings.env_id, settings.num_envs, settings.env_batch, settings.env_threads,
-                     settings.env_seed)
+def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device: jax.Device,
+              policy_step: Callable, store: ParamsStore, out: queue.Queue, learner_mesh: Mesh,
+              key: jax.Array, control: Control, timings: Timings) -> None:
+    """The body of one actor thread: acts on `envs` (and closes them) until `control` says stop."""
     try:
         spec = envs.spec
         action_shape, action_dtype = ((), np.int32) if spec.discrete else ((spec.action_dim,), np.float32)
-        builder = TrajectoryBuilder(settings.rollout_len, settings.num_envs, spec.obs_shape,
+        builder = TrajectoryBuilder(settings.rollout_len, envs.num_envs, spec.obs_shape,
                                     spec.obs_dtype, action_shape, action_dtype)
         batch_sharding = parallel.time_major_sharded(learner_mesh)
         bootstrap_sharding = parallel.sharded(learner_mesh)

@@ -95,6 +95,7 @@ class EnvPoolEnvs:
             self._pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs,
                                       batch_size=batch_size, num_threads=num_threads, seed=seed,
                                       **options)
+            self._pool.observation_space  # built on first use; here, where its notices are silenced
         self.num_envs = num_envs
         self._return = np.zeros(num_envs, np.float32)
         self._length = np.zeros(num_envs, np.int32)

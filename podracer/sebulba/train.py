@@ -19,7 +19,7 @@ from podracer.ppo import PPOConfig, init_train_state
 from podracer.sebulba.actor import ActorSettings, Trajectory, make_policy_step, run_actor
 from podracer.sebulba.config import SebulbaConfig, make_layout, split_devices
 from podracer.sebulba.control import Control, sigterm_raises, wait_for_threads
-from podracer.sebulba.envs import env_spec
+from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.learner import make_learner_step, run_learner, trajectory_shapes
 from podracer.sebulba.params import ParamsStore
 from podracer.timing import Timings, as_metrics, format_breakdown
@@ -121,16 +121,16 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     store.publish(state, 0)
     policy_step = make_policy_step(network.apply, ppo_config)
     queues = [queue.Queue(maxsize=1) for _ in range(layout.num_actor_threads)]
+    settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous)
     actors = []
     for actor_id in range(layout.num_actor_threads):
-        settings = ActorSettings(
-            run.env, layout.envs_per_thread, layout.env_batch, sebulba.env_threads,
-            env_seed=int(np.random.SeedSequence([run.seed, actor_id]).generate_state(1)[0] >> 1),
-            rollout_len=sebulba.rollout_len, synchronous=sebulba.synchronous)
+        # Made here rather than in the thread: a bad environment fails before anything starts.
+        envs = EnvPoolEnvs(run.env, layout.envs_per_thread, layout.env_batch, sebulba.env_threads,
+                           seed=int(np.random.SeedSequence([run.seed, actor_id]).generate_state(1)[0] >> 1))
         device = split.actor[actor_id // sebulba.actor_threads]
         actors.append(threading.Thread(
             target=control.guard(run_actor, f"actor thread {actor_id}"),
-            args=(actor_id, settings, device, policy_step, store, queues[actor_id], mesh,
+            args=(actor_id, envs, settings, device, policy_step, store, queues[actor_id], mesh,
                   jax.random.fold_in(actor_key, actor_id), control, timings),
             name=f"sebulba-actor-{actor_id}", daemon=True))
 
