@@ -56,7 +56,9 @@ class _IntervalLog:
         self.interval_lags: list[int] = []
 
     def __call__(self, update: int, trajectories: list[Trajectory], metrics: dict) -> None:
+        # Update u is the (u+1)-th; the parameters it changes have had u updates.
         lags = [update - t.policy_version for t in trajectories]
+        self.newest_version = max(t.policy_version for t in trajectories)
         self.lags += lags
         self.interval_lags += lags
         self.metrics.append(metrics)
@@ -77,6 +79,7 @@ class _IntervalLog:
             episodes=int(returns.size),
             policy_lag_mean=float(np.mean(self.interval_lags)),
             policy_lag_max=int(np.max(self.interval_lags)),
+            policy_version=self.newest_version,
             updates=update + 1,
             **as_metrics(self.timings.totals()))
         if returns.size:
