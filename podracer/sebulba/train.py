@@ -109,8 +109,10 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     optimizer = make_optimizer(optim, num_updates * ppo_config.epochs * ppo_config.minibatches)
     mesh = parallel.make_mesh(split.learner)
     param_key, actor_key, learner_key = jax.random.split(jax.random.PRNGKey(run.seed), 3)
-    params = init_params(network, spec.obs_shape, spec.obs_dtype, param_key)
-    state = jax.device_put(init_train_state(params, optimizer, spec.obs_shape), parallel.replicated(mesh))
+    # One jitted call: eager initialisation would compile every small op on its own.
+    state = jax.jit(lambda key: init_train_state(init_params(network, spec.obs_shape, spec.obs_dtype, key),
+                                                 optimizer, spec.obs_shape),
+                    out_shardings=parallel.replicated(mesh))(param_key)
 
     compile_start = time.perf_counter()
     batch, bootstrap = trajectory_shapes(_row_shapes(spec, sebulba.rollout_len), layout.envs_per_thread, mesh)
