@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from podracer import parallel
@@ -29,12 +30,25 @@ def _batch(num_steps=16, num_envs=24, seed=0):
     return batch, rng.normal(size=num_envs).astype(np.float32)
 
 
-def test_sebulba_learner_matches_anakin_and_single_device_updates():
+NETWORK = make_network((4,), 2, True)
+OPTIMIZER = optax.sgd(1e-2)  # Adam would magnify summation-order rounding in tiny gradients
+CONFIG = PPOConfig(normalize_observations=True)
+
+
+@pytest.fixture(scope="module")
+def learner():
+    """The Sebulba learner on devices 1..3 (device 0 would be the actor's), compiled once per shape."""
+    mesh = parallel.make_mesh(jax.devices()[1:4])
+    return mesh, make_learner_step(NETWORK.apply, OPTIMIZER, CONFIG, mesh)
+
+
+def _state():
+    return init_train_state(init_params(NETWORK, (4,), jnp.float32, jax.random.PRNGKey(1)), OPTIMIZER, (4,))
+
+
+def test_sebulba_learner_matches_anakin_and_single_device_updates(learner):
     assert len(jax.devices()) == 8
-    network = make_network((4,), 2, True)
-    optimizer = optax.sgd(1e-2)  # Adam would magnify summation-order rounding in tiny gradients
-    config = PPOConfig(normalize_observations=True)
-    state = init_train_state(init_params(network, (4,), jnp.float32, jax.random.PRNGKey(1)), optimizer, (4,))
+    network, optimizer, config, state = NETWORK, OPTIMIZER, CONFIG, _state()
     batch, bootstrap = _batch()
     key = jax.random.PRNGKey(7)
 
@@ -46,11 +60,10 @@ def test_sebulba_learner_matches_anakin_and_single_device_updates():
     anakin_state, anakin_metrics = anakin(state, batch, bootstrap, key)
 
     # Sebulba's: an actor on device 0 ships the batch to learners 1..3.
-    mesh = parallel.make_mesh(jax.devices()[1:4])
+    mesh, learner = learner
     shipped = jax.device_put(batch, parallel.time_major_sharded(mesh))
     shipped_bootstrap = jax.device_put(bootstrap, parallel.sharded(mesh))
     assert shipped.obs.addressable_shards[0].data.shape == (16, 8, 4)
-    learner = make_learner_step(network.apply, optimizer, config, mesh)
     sebulba_state, sebulba_metrics = learner(jax.device_put(state, parallel.replicated(mesh)),
                                              (shipped,), (shipped_bootstrap,), key)
     assert {d.id for d in jax.tree.leaves(sebulba_state.params)[0].devices()} == {1, 2, 3}
@@ -70,16 +83,12 @@ def test_sebulba_learner_matches_anakin_and_single_device_updates():
         np.testing.assert_allclose(sebulba_metrics[name], single_metrics[name], rtol=1e-4, atol=1e-6)
 
 
-def test_learner_joins_trajectories_of_several_actor_threads():
-    network = make_network((4,), 2, True)
-    optimizer = optax.sgd(1e-2)
-    config = PPOConfig()
-    state = init_train_state(init_params(network, (4,), jnp.float32, jax.random.PRNGKey(1)), optimizer, (4,))
-    mesh = parallel.make_mesh(jax.devices()[1:4])
+def test_learner_joins_trajectories_of_several_actor_threads(learner):
+    mesh, learner = learner
+    state = _state()
     parts = [_batch(num_envs=12, seed=s) for s in (1, 2)]
     shipped = [jax.device_put(b, parallel.time_major_sharded(mesh)) for b, _ in parts]
     bootstraps = [jax.device_put(v, parallel.sharded(mesh)) for _, v in parts]
-    learner = make_learner_step(network.apply, optimizer, config, mesh)
     joined_state, _ = learner(jax.device_put(state, parallel.replicated(mesh)), tuple(shipped),
                               tuple(bootstraps), jax.random.PRNGKey(3))
     # Each learner device holds 4 environments of each thread; a single device

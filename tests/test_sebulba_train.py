@@ -44,16 +44,14 @@ def test_one_actor_device_three_learners_asynchronous(tmp_path):
 def test_synchronous_mode_is_deterministic(tmp_path):
     devices = jax.devices()[:4]
     config = dict(total_steps=12 * 16 * 6, num_envs=12, rollout_len=16, synchronous=True)
-    runs = [_train(tmp_path / name, devices, seed=seed, **config)
-            for name, seed in (("a", 3), ("b", 3), ("c", 4))]
-    (first, state_a, rows_a), (_, state_b, rows_b), (_, state_c, _) = runs
+    (first, state_a, rows_a), (_, state_b, rows_b) = [_train(tmp_path / name, devices, seed=3, **config)
+                                                      for name in ("a", "b")]
     assert first["policy_lag_max"] == 0
     for a, b in zip(jax.tree.leaves(jax.device_get(state_a)), jax.tree.leaves(jax.device_get(state_b))):
         np.testing.assert_array_equal(a, b)
     strip = lambda row: {k: v for k, v in row.items() if not k.startswith("time_") and k not in NOT_TIMING}
     assert [strip(r) for r in rows_a] == [strip(r) for r in rows_b]
-    assert any(np.any(a != c) for a, c in zip(jax.tree.leaves(jax.device_get(state_a.params)),
-                                              jax.tree.leaves(jax.device_get(state_c.params))))
+    assert len({r["loss"] for r in rows_a}) == len(rows_a)  # every update did something different
 
 
 def test_learns_cartpole(tmp_path):
