@@ -50,8 +50,8 @@ def _exit_within(process, seconds=STOP_WITHIN_S):
     return process.returncode, time.monotonic() - start, process.stderr.read()
 
 
-@pytest.mark.parametrize("sig, status, message", [(signal.SIGINT, 130, "interrupted"),
-                                                  (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize("sig, status, message", [(signal.SIGINT, 130, "stopped by signal 2"),
+                                                  (signal.SIGTERM, 143, "stopped by signal 15")])
 def test_signal_stops_a_training_run(sig, status, message, tmp_path):
     process = _start([PYTHON, LAUNCHER, *LONG_RUN], tmp_path)
     _wait_for_training(process, tmp_path)

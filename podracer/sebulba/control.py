@@ -8,12 +8,10 @@ waits a bounded time for them before returning or raising.
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
 import threading
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 # How long the main thread waits for the other threads once a run is stopping.
 JOIN_DEADLINE_S = 8.0
@@ -53,15 +51,17 @@ class Control:
 
 
 def wait_for_threads(control: Control, main: threading.Thread, threads: Sequence[threading.Thread],
+                     interrupted: Callable[[], bool] = lambda: False,
                      deadline_s: float = JOIN_DEADLINE_S) -> None:
-    """Wait until `main` ends or the run stops; then stop and join every thread.
+    """Wait until `main` ends, the run stops or `interrupted()`; then stop and join every thread.
 
-    Runs on the main thread, which stays responsive to signals: KeyboardInterrupt
-    (and SIGTERM, see `sigterm_raises`) interrupts the wait, stops the run and is
-    re-raised. A failure in any thread is re-raised here, with its traceback.
+    Runs on the main thread, where signal handlers run, polling every 50 ms. An
+    exception raised by a handler (KeyboardInterrupt) also stops every thread
+    before it propagates. A failure in any thread is re-raised here, with its
+    traceback and a note naming the thread.
     """
     try:
-        while main.is_alive() and not control.stop.is_set():
+        while main.is_alive() and not control.stop.is_set() and not interrupted():
             main.join(0.05)
     finally:
         control.stop.set()
@@ -74,21 +74,3 @@ def wait_for_threads(control: Control, main: threading.Thread, threads: Sequence
                   file=sys.stderr)
     if control.error is not None:
         raise control.error
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into `SystemExit(143)` in the main thread, so a run unwinds and stops cleanly."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigterm(signum, frame):
-        print("terminated", file=sys.stderr)
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -12,13 +12,14 @@ import numpy as np
 
 from podracer import parallel
 from podracer.config import NetworkConfig, OptimConfig, RunConfig, make_optimizer
-from podracer.errors import PodracerError
+from podracer.checkpoint import stop_on_signals
+from podracer.errors import Interrupted, PodracerError
 from podracer.logger import RunLogger, prepare_run_dir
 from podracer.networks import init_params, make_network
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.sebulba.actor import ActorSettings, Trajectory, make_policy_step, run_actor
 from podracer.sebulba.config import SebulbaConfig, make_layout, split_devices
-from podracer.sebulba.control import Control, sigterm_raises, wait_for_threads
+from podracer.sebulba.control import Control, wait_for_threads
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.learner import make_learner_step, run_learner, trajectory_shapes
 from podracer.sebulba.params import ParamsStore
@@ -46,6 +47,7 @@ class _IntervalLog:
         self.start = time.perf_counter()
         self.last_return = None
         self.lags: list[int] = []  # every trajectory's lag, over the run
+        self.updates = 0
         self.dropped = self.resets = 0
         self._reset_interval()
 
@@ -59,6 +61,7 @@ class _IntervalLog:
         # Update u is the (u+1)-th; the parameters it changes have had u updates.
         lags = [update - t.policy_version for t in trajectories]
         self.newest_version = max(t.policy_version for t in trajectories)
+        self.updates = update + 1
         self.lags += lags
         self.interval_lags += lags
         self.metrics.append(metrics)
@@ -150,24 +153,24 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
                                daemon=True)
     train_start = time.perf_counter()
     log.start = train_start
-    with sigterm_raises():
+    with stop_on_signals() as signalled:
         for thread in (*actors, learner):
             thread.start()
-        wait_for_threads(control, learner, actors)
+        wait_for_threads(control, learner, actors, interrupted=lambda: bool(signalled))
     train_s = time.perf_counter() - train_start
     totals = timings.totals()
-    env_steps = num_updates * layout.steps_per_update
+    env_steps = log.updates * layout.steps_per_update
     summary = logger.summary({
         "arch": "sebulba", "algo": "ppo", "env": run.env,
         "env_steps": env_steps,
         "sps": env_steps / train_s,
         "episode_return_mean": log.last_return,
-        "updates": num_updates,
+        "updates": log.updates,
         "actor_devices": len(split.actor),
         "learner_devices": len(split.learner),
         "actor_threads": layout.num_actor_threads,
-        "policy_lag_mean": float(np.mean(log.lags)),
-        "policy_lag_max": int(np.max(log.lags)),
+        "policy_lag_mean": float(np.mean(log.lags)) if log.lags else None,
+        "policy_lag_max": int(np.max(log.lags)) if log.lags else None,
         "dropped_steps": log.dropped,
         "reset_steps": log.resets,
         "compile_s": compile_s,
@@ -177,4 +180,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     if logger.enabled:
         logger.stream.write(format_breakdown(totals, train_s))
         logger.stream.flush()
+    if signalled:
+        raise Interrupted(signalled.signal, f"stopped by signal {signalled.signal} after {log.updates} "
+                                            f"updates ({env_steps:,} env steps); Sebulba keeps no "
+                                            f"checkpoint, so a new run starts over")
     return summary, final[0]
