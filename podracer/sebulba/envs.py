@@ -119,13 +119,12 @@ class EnvPoolEnvs:
         truncated = np.asarray(truncated, bool)
         if obs.dtype == np.float64:
             obs = obs.astype(np.float32)
-        counts = ~self._resetting[ids]  # a reset step is no agent step
+        # A reset step pays 0 (in the game score too) and is no agent step.
         score = np.asarray(info["reward"], np.float32) if self.atari else reward
-        self._return[ids] += np.where(counts, score, 0.0)
-        self._length[ids] += counts
+        episode_return = self._return[ids] + score
+        episode_length = self._length[ids] + ~self._resetting[ids]
         game_over = np.asarray(info["terminated"], bool) if self.atari else terminated
         episode_done = game_over | truncated
-        episode_return, episode_length = self._return[ids], self._length[ids]
         self._return[ids] = np.where(episode_done, 0.0, episode_return)
         self._length[ids] = np.where(episode_done, 0, episode_length)
         self._resetting[ids] = terminated | truncated

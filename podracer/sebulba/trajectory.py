@@ -41,7 +41,8 @@ class Rollout(NamedTuple):
     reset_steps: int  # actions on final observations, ignored by the environment
 
 
-_NONE, _RESET, _DROPPED = 0, 1, 2
+# What became of the action an environment was last sent (_UNSENT: none yet).
+_ROW, _RESET, _DROPPED, _UNSENT = 0, 1, 2, 3
 
 
 class TrajectoryBuilder:
@@ -51,6 +52,10 @@ class TrajectoryBuilder:
     `record_actions` (the policy's output on the new observations). When `full`,
     `take` the trajectory; to start the next one from the same observations, call
     `record_actions` again with the new policy's outputs before sending them.
+
+    Buffers are flat [(T + 1) * N, ...] arrays: every call scatters the whole
+    batch at once, and whatever must not be recorded lands in the spare row T,
+    which `take` leaves out. This keeps the per-step cost to a few numpy calls.
     """
 
     def __init__(self, rollout_len: int, num_envs: int, obs_shape: Sequence[int], obs_dtype,
@@ -60,29 +65,28 @@ class TrajectoryBuilder:
         self._shapes = dict(obs=(tuple(obs_shape), obs_dtype), action=(tuple(action_shape), action_dtype))
         self._fill = np.zeros(num_envs, np.int64)  # rows written per environment
         self._complete = np.zeros(num_envs, bool)  # T rows and a bootstrap value
-        self._row_of_action = np.full(num_envs, -1, np.int64)  # row awaiting its result, or -1
-        # The unrecorded action awaiting its result: _NONE, _RESET or _DROPPED.
-        self._unrecorded = np.full(num_envs, _NONE, np.int8)
+        # Where the result of each environment's last action goes (row T: nowhere), and why.
+        self._row_of_action = np.full(num_envs, rollout_len, np.int64)
+        self._fate = np.full(num_envs, _UNSENT, np.int8)
         self._new_buffers()
 
     def _new_buffers(self) -> None:
         # Fresh arrays per trajectory: a shipped trajectory may still be read (or
         # aliased by a device buffer) while the next one is being written.
-        t, n = self.rollout_len, self.num_envs
+        rows = (self.rollout_len + 1) * self.num_envs
         (obs_shape, obs_dtype), (action_shape, action_dtype) = self._shapes["obs"], self._shapes["action"]
-        self._obs = np.zeros((t, n, *obs_shape), obs_dtype)
-        self._action = np.zeros((t, n, *action_shape), action_dtype)
-        self._reward = np.zeros((t, n), np.float32)
-        self._terminated = np.zeros((t, n), bool)
-        self._truncated = np.zeros((t, n), bool)
-        self._value = np.zeros((t, n), np.float32)
-        self._log_prob = np.zeros((t, n), np.float32)
-        self._final_value = np.zeros((t, n), np.float32)
-        self._bootstrap = np.zeros(n, np.float32)
+        self._obs = np.zeros((rows, *obs_shape), obs_dtype)
+        self._action = np.zeros((rows, *action_shape), action_dtype)
+        self._reward = np.zeros(rows, np.float32)
+        self._terminated = np.zeros(rows, bool)
+        self._truncated = np.zeros(rows, bool)
+        self._value = np.zeros(rows, np.float32)
+        self._log_prob = np.zeros(rows, np.float32)
+        self._final_value = np.zeros(rows, np.float32)
+        self._bootstrap = np.zeros(self.num_envs + 1, np.float32)  # [N] is the spare slot
         self._fill[:] = 0
         self._complete[:] = False
-        self._dropped = 0
-        self._resets = 0
+        self._counts = np.zeros(4, np.int64)  # results per fate, this trajectory
 
     @property
     def full(self) -> bool:
@@ -91,48 +95,45 @@ class TrajectoryBuilder:
     def record_results(self, env_ids: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
                        truncated: np.ndarray) -> None:
         """What the environments `env_ids` answered to the actions last recorded for them."""
-        row = self._row_of_action[env_ids]
-        has_row = row >= 0
-        rows, cols = row[has_row], env_ids[has_row]
-        self._reward[rows, cols] = reward[has_row]
-        self._terminated[rows, cols] = terminated[has_row]
-        self._truncated[rows, cols] = truncated[has_row]
-        self._row_of_action[env_ids] = -1
-        unrecorded = self._unrecorded[env_ids]
-        self._resets += int((unrecorded == _RESET).sum())
-        self._dropped += int((unrecorded == _DROPPED).sum())
-        self._unrecorded[env_ids] = _NONE
+        flat = self._row_of_action[env_ids] * self.num_envs + env_ids
+        self._reward[flat] = reward
+        self._terminated[flat] = terminated
+        self._truncated[flat] = truncated
+        self._counts += np.bincount(self._fate[env_ids], minlength=4)
 
     def record_actions(self, env_ids: np.ndarray, obs: np.ndarray, obs_is_final: np.ndarray,
                        action: np.ndarray, log_prob: np.ndarray, value: np.ndarray) -> None:
         """The policy's output on `obs`; `obs_is_final` where `obs` ended an episode."""
+        t, n = self.rollout_len, self.num_envs
         fill = self._fill[env_ids]
         open_ = ~self._complete[env_ids]
         # A final observation's value is the final value of the row that ended there.
         ended = open_ & obs_is_final & (fill > 0)
-        self._final_value[fill[ended] - 1, env_ids[ended]] = value[ended]
+        self._final_value[np.where(ended, fill - 1, t) * n + env_ids] = value
         # The observation after an environment's T-th row: its value bootstraps the column.
-        at_end = open_ & (fill == self.rollout_len)
-        self._bootstrap[env_ids[at_end]] = value[at_end]
-        self._complete[env_ids[at_end]] = True
-        write = open_ & ~obs_is_final & (fill < self.rollout_len)
-        rows, cols = fill[write], env_ids[write]
-        self._obs[rows, cols] = obs[write]
-        self._action[rows, cols] = action[write]
-        self._log_prob[rows, cols] = log_prob[write]
-        self._value[rows, cols] = value[write]
-        self._fill[cols] += 1
-        row_of_action = np.full(len(env_ids), -1, np.int64)
-        row_of_action[write] = rows
-        self._row_of_action[env_ids] = row_of_action
-        self._unrecorded[env_ids] = np.where(obs_is_final, _RESET, np.where(write, _NONE, _DROPPED))
+        at_end = open_ & (fill == t)
+        self._bootstrap[np.where(at_end, env_ids, n)] = value
+        self._complete[env_ids] = ~open_ | at_end
+        write = open_ & ~obs_is_final & (fill < t)
+        row = np.where(write, fill, t)
+        flat = row * n + env_ids
+        self._obs[flat] = obs
+        self._action[flat] = action
+        self._log_prob[flat] = log_prob
+        self._value[flat] = value
+        self._fill[env_ids] = fill + write
+        self._row_of_action[env_ids] = row
+        self._fate[env_ids] = np.where(write, _ROW, np.where(obs_is_final, _RESET, _DROPPED))
 
     def take(self) -> Rollout:
         """The finished trajectory; the builder starts an empty one."""
         if not self.full:
             raise RuntimeError("trajectory is not full yet")
-        batch = Transition(self._obs, self._action, self._reward, self._terminated, self._truncated,
-                           self._value, self._log_prob, self._final_value)
-        rollout = Rollout(batch, self._bootstrap, self._dropped, self._resets)
+        t, n = self.rollout_len, self.num_envs
+        column = lambda flat: flat[: t * n].reshape(t, n, *flat.shape[1:])
+        batch = Transition(column(self._obs), column(self._action), column(self._reward),
+                           column(self._terminated), column(self._truncated), column(self._value),
+                           column(self._log_prob), column(self._final_value))
+        rollout = Rollout(batch, self._bootstrap[:n], int(self._counts[_DROPPED]), int(self._counts[_RESET]))
         self._new_buffers()
         return rollout
