@@ -31,7 +31,7 @@ class Trajectory(NamedTuple):
 
     batch: Transition  # [T, N, ...], split along N over the learner devices
     bootstrap_value: jax.Array  # [N], split the same way
-    policy_version: int  # updates behind the parameters that acted
+    policy_version: int  # updates applied to the parameters that acted
     actor_id: int
     episode_returns: np.ndarray  # episodes that ended while it was collected
     episode_lengths: np.ndarray
