@@ -153,6 +153,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each ceiling measurement")
     parser.add_argument("--total-steps", type=int, default=None, help="steps per Sebulba run")
     parser.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into this many devices")
+    parser.add_argument("--sync-dispatch", action="store_true",
+                        help="run CPU computations on the calling thread (jax_cpu_enable_async_dispatch=False)")
     parser.add_argument("flags", nargs=argparse.REMAINDER,
                         help="after --, flags for launch/tpu.py (e.g. -- --num-envs=64)")
     args = parser.parse_args()
@@ -160,6 +162,8 @@ def main():
 
     if args.cpu_devices:
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+    if args.sync_dispatch:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     overrides = [flag for flag in args.flags if flag != "--"]
     results = []
     for env_id in args.envs:
@@ -180,7 +184,7 @@ def main():
             "num_envs": sebulba.num_envs, "rollout_len": sebulba.rollout_len,
             "actor_threads": summary["actor_threads"], "env_threads": sebulba.env_threads,
             "async_envs": sebulba.async_envs, "learner_devices": summary["learner_devices"],
-            "policy_lag_mean": summary["policy_lag_mean"],
+            "policy_lag_mean": summary["policy_lag_mean"], "sync_dispatch": args.sync_dispatch,
             "first_return": best["first_return"], "last_return": best["last_return"],
             **{k: v for k, v in summary.items() if k.startswith("time_")},
         })
