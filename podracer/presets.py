@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Sebulba presets use environment counts that split over 1, 2, 3, 4, 6 or 8 learner
+# devices (a TPU VM acting on one core and learning on the others included).
 _ATARI = {
-    "num_envs": 8, "rollout_len": 128, "lr": 2.5e-4, "clip_eps": 0.1, "ent_coef": 0.01,
+    "num_envs": 24, "rollout_len": 128, "lr": 2.5e-4, "clip_eps": 0.1, "ent_coef": 0.01,
     "epochs": 4, "minibatches": 4, "unroll_minibatches": True, "total_steps": 10_000_000,
     "env_threads": 2}
 
@@ -23,7 +25,7 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # Sebulba: envpool environments on host threads. Many environments per actor
     # thread amortise each policy call; no entropy bonus keeps the solved policy at 500.
     ("sebulba", "ppo", "CartPole-v1"): {
-        "num_envs": 128, "rollout_len": 32, "lr": 1e-3, "ent_coef": 0.0, "total_steps": 2_000_000,
+        "num_envs": 120, "rollout_len": 32, "lr": 1e-3, "ent_coef": 0.0, "total_steps": 2_000_000,
         "log_every": 4},
     # Atari: Nature-CNN; the unrolled minibatch loop keeps XLA:CPU's convolution
     # gradients fast (about 14x slower inside a rolled scan).
@@ -32,7 +34,7 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # MuJoCo: long rollouts, many small minibatches, standardised observations;
     # value targets of a few hundred are learned unclipped.
     ("sebulba", "ppo", "HalfCheetah-v5"): {
-        "num_envs": 16, "rollout_len": 128, "epochs": 10, "minibatches": 8, "lr": 3e-4,
+        "num_envs": 24, "rollout_len": 128, "epochs": 10, "minibatches": 8, "lr": 3e-4,
         "ent_coef": 0.0, "clip_value": False, "normalize_observations": True,
         "total_steps": 1_000_000, "env_threads": 2, "log_every": 5},
 }
