@@ -14,6 +14,8 @@ Per environment, with the (sebulba, ppo, env) preset, in this one process:
 Ends with one JSON line per environment.
 
     python bench/sebulba_ppo.py [--envs CartPole-v1 Pong-v5] [--repeats 2] [--cpu-devices 2]
+
+CPU work runs inline, as the launcher runs Sebulba (`--async-dispatch` to compare).
 """
 
 from __future__ import annotations
@@ -153,8 +155,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each ceiling measurement")
     parser.add_argument("--total-steps", type=int, default=None, help="steps per Sebulba run")
     parser.add_argument("--cpu-devices", type=int, default=0, help="split the CPU into this many devices")
-    parser.add_argument("--sync-dispatch", action="store_true",
-                        help="run CPU computations on the calling thread (jax_cpu_enable_async_dispatch=False)")
+    parser.add_argument("--async-dispatch", action="store_true",
+                        help="keep JAX's asynchronous CPU dispatch (the launcher turns it off for Sebulba)")
     parser.add_argument("flags", nargs=argparse.REMAINDER,
                         help="after --, flags for launch/tpu.py (e.g. -- --num-envs=64)")
     args = parser.parse_args()
@@ -162,8 +164,10 @@ def main():
 
     if args.cpu_devices:
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
-    if args.sync_dispatch:
-        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if not args.async_dispatch:
+        from podracer.sebulba.train import run_cpu_work_inline
+
+        run_cpu_work_inline()
     overrides = [flag for flag in args.flags if flag != "--"]
     results = []
     for env_id in args.envs:
@@ -184,7 +188,7 @@ def main():
             "num_envs": sebulba.num_envs, "rollout_len": sebulba.rollout_len,
             "actor_threads": summary["actor_threads"], "env_threads": sebulba.env_threads,
             "async_envs": sebulba.async_envs, "learner_devices": summary["learner_devices"],
-            "policy_lag_mean": summary["policy_lag_mean"], "sync_dispatch": args.sync_dispatch,
+            "policy_lag_mean": summary["policy_lag_mean"], "async_dispatch": args.async_dispatch,
             "first_return": best["first_return"], "last_return": best["last_return"],
             **{k: v for k, v in summary.items() if k.startswith("time_")},
         })

@@ -167,9 +167,9 @@ def _trainer(arch: str, algo: str):
 
         return train_ppo
     if (arch, algo) == ("sebulba", "ppo"):
-        from podracer.sebulba.train import train_ppo
+        from podracer.sebulba.train import train_ppo_from_configs
 
-        return lambda c: train_ppo(c["run"], c["ppo"], c["sebulba"], c["optimizer"], c["network"])
+        return train_ppo_from_configs
     raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
                         f"use --arch=anakin --algo=ppo")
 

@@ -79,6 +79,26 @@ def build(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig, optim: 
                  time.perf_counter() - compile_start)
 
 
+def run_cpu_work_inline() -> None:
+    """Execute CPU computations on the thread that calls them (`jax_cpu_enable_async_dispatch`).
+
+    Every Sebulba thread waits for its own computation at once (an actor needs
+    its actions, the learner its metrics), so handing each small policy call to
+    XLA's worker threads only adds a thread wake-up per environment step; on a
+    2-core CPU, inline execution measured 15-35% more steps/s. Effective only
+    before JAX's CPU backend starts; a process-wide setting, hence the launcher's
+    to make, never a library import's.
+    """
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
+def train_ppo_from_configs(configs: dict[str, Any]):
+    """The launcher's entry point: `train_ppo` on the config sections, CPU work inline."""
+    run_cpu_work_inline()
+    return train_ppo(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],
+                     configs["network"])
+
+
 def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
               optim: OptimConfig, net: NetworkConfig, devices=None):
     """Train PPO with Sebulba on `devices` (default: this host's); returns (summary, final state).
