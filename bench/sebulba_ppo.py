@@ -31,7 +31,7 @@ import warnings
 import common  # noqa: F401  (puts the repository on sys.path)
 
 # Steps per Sebulba run: long enough for a steady state, short enough to repeat.
-RUN_STEPS = {"CartPole-v1": 2_000_000, "Pong-v5": 8 * 128 * 8}
+RUN_STEPS = {"CartPole-v1": 2_000_000, "Pong-v5": 24 * 128 * 6}
 
 
 def configs_for(env_id: str, total_steps: int | None, overrides: list[str]) -> dict:
