@@ -19,18 +19,18 @@ from podracer.ppo.config import PPOConfig
 class SebulbaConfig:
     """How Sebulba produces experience: actor threads on host environments, separate learners."""
 
-    num_envs: int = 32
+    num_envs: int = 24
     """Environments over all actor threads, split evenly between them."""
     rollout_len: int = 128
     """Transitions per environment in each trajectory an actor ships to the learner."""
     actor_devices: tuple[int, ...] = ()
     """Indices into jax.local_devices() that run the actors' policy (default: device 0)."""
     learner_devices: tuple[int, ...] = ()
-    """Indices into jax.local_devices() that run the update (default: every device that does not act)."""
+    """Indices into jax.local_devices() that run the update (default: the devices that do not act)."""
     actor_threads: int = 1
     """Actor threads per actor device; each owns an envpool batch and a queue of one trajectory."""
     env_threads: int = 1
-    """envpool worker threads per actor thread (0: envpool's default, one per CPU core)."""
+    """envpool worker threads per actor thread (0: envpool's own default)."""
     async_envs: bool = False
     """Step half of a thread's environments while the policy acts on the other half."""
     synchronous: bool = False
@@ -41,11 +41,7 @@ class SebulbaConfig:
 
 class DeviceSplit(NamedTuple):
     actor: tuple[jax.Device, ...]
-    learner: tuple[jax.Device, ...]
-
-    @property
-    def shared(self) -> bool:
-        return bool(set(self.actor) & set(self.learner))
+    learner: tuple[jax.Device, ...]  # the same single device as `actor` when there is only one
 
 
 def _check_indices(indices: Sequence[int], flag: str, num_devices: int) -> None:

@@ -25,11 +25,6 @@ class ParamsStore:
         self._copies: dict[jax.Device, PublishedPolicy] = {}
         self._version = -1
 
-    @property
-    def version(self) -> int:
-        with self._changed:
-            return self._version
-
     def publish(self, state: TrainState, version: int) -> None:
         """Copy `state`'s policy to every actor device and make it the newest."""
         copies = {}
