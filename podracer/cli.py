@@ -26,12 +26,14 @@ from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate import DistConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
+from podracer.sebulba.config import SebulbaConfig
 
 # Every config class the command line fills, by the name its section has in --help.
 SECTIONS: dict[str, type] = {
     "run": run_config.RunConfig,
     "ppo": PPOConfig,
     "anakin": AnakinConfig,
+    "sebulba": SebulbaConfig,
     "optimizer": run_config.OptimConfig,
     "network": run_config.NetworkConfig,
     "checkpoint": CheckpointConfig,
@@ -192,6 +194,10 @@ def _trainer(arch: str, algo: str):
         from podracer.anakin.train import train_ppo
 
         return train_ppo
+    if (arch, algo) == ("sebulba", "ppo"):
+        from podracer.sebulba.train import train_ppo_from_configs
+
+        return train_ppo_from_configs
     raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
                         f"use --arch=anakin --algo=ppo")
 
