@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from podracer import config as run_config
 from podracer.anakin.loop import AnakinConfig
 from podracer.errors import PodracerError
+from podracer.es.config import VARIANTS, ESConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
 
@@ -27,6 +28,7 @@ from podracer.ppo.config import PPOConfig
 SECTIONS: dict[str, type] = {
     "run": run_config.RunConfig,
     "ppo": PPOConfig,
+    "es": ESConfig,
     "anakin": AnakinConfig,
     "optimizer": run_config.OptimConfig,
     "network": run_config.NetworkConfig,
@@ -94,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    type=_positive_or_any(element), metavar=element.__name__.upper(),
                                    help=help_text)
             else:
-                choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS}.get(field.name)
+                choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS,
+                           "variant": VARIANTS}.get(field.name)
                 group.add_argument(_flag(field.name), dest=field.name, default=None,
                                    type=_positive_or_any(kind), choices=choices,
                                    metavar=kind.__name__.upper() if not choices else None,
@@ -142,8 +145,12 @@ def _trainer(arch: str, algo: str):
         from podracer.anakin.train import train_ppo
 
         return lambda c: train_ppo(c["run"], c["ppo"], c["anakin"], c["optimizer"], c["network"])
+    if (arch, algo) == ("anakin", "es"):
+        from podracer.anakin.train import train_es
+
+        return lambda c: train_es(c["run"], c["es"], c["network"])
     raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
-                        f"use --arch=anakin --algo=ppo")
+                        f"use --arch=anakin with --algo=ppo or --algo=es")
 
 
 # Launcher verbs handled by the TPU provisioner rather than by training.

@@ -79,6 +79,8 @@ class RunLogger:
         eta = (self.total_steps - steps) / sps if sps else float("nan")
         line = (f"steps {steps:>11,}/{self.total_steps:,}  {sps:>10,.0f} steps/s  "
                 f"return {self.last_return:>8.2f}  eta {eta:>6.1f}s")
+        if metrics.get("mean_params_return") is not None:  # evolution strategies
+            line += f"  mean params {metrics['mean_params_return']:>8.2f}"
         if self.interactive:
             self.stream.write("\r" + line)
         else:

@@ -125,12 +125,13 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
     shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
     _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-    episode = make_episode_fn(env, lambda params, obs: policy.apply(unravel(params), obs),
-                              layout.horizon, normalize, axes)
+    # Parameters are unravelled once per episode batch, outside the step loop.
+    episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
 
-    def member_fitness(params, key, obs_stats):
+    def member_fitness(flat_params, key, obs_stats):
         keys = jax.random.split(key, config.episodes_per_member)
-        returns, seen = jax.vmap(episode, in_axes=(None, 0, None))(params, keys, obs_stats)
+        returns, seen = jax.vmap(episode, in_axes=(None, 0, None))(
+            unravel(flat_params), keys, obs_stats)
         return jnp.mean(returns), (es.reduce_stats(seen) if normalize else ())
 
     if normalize:
@@ -152,7 +153,7 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     def evaluate_mean(mean, obs_stats, key):
         index = parallel.axis_offset(eval_per_device, axes) + jnp.arange(eval_per_device)
         keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
-        returns, _ = jax.vmap(episode, in_axes=(None, 0, None))(mean, keys, obs_stats)
+        returns, _ = jax.vmap(episode, in_axes=(None, 0, None))(unravel(mean), keys, obs_stats)
         total = parallel.psum(jnp.sum(jnp.where(index < config.eval_episodes, returns, 0.0)), axes)
         return total / config.eval_episodes
 
