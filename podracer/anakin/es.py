@@ -108,7 +108,8 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
     return episode
 
 
-def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh):
+def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+                   strategy: es.Strategy | None = None):
     """Build the jitted `init(key) -> runner` and `step(runner) -> (runner, metrics)`.
 
     `step` runs `config.generations_per_call` generations over every device of
@@ -116,9 +117,15 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     those generations (`fitness_mean`, `fitness_max`, ...), plus the scalar
     `mean_params_return`: the new mean parameters' mean return over
     `config.eval_episodes` episodes (split over the devices).
+
+    `strategy` replaces the one `config` describes (`make_strategy(config)`), e.g.
+    a custom `init / ask / tell`; its population must be `config.population`.
     """
     layout = make_es_layout(config, env, mesh)
-    strategy = make_strategy(config)
+    strategy = make_strategy(config) if strategy is None else strategy
+    if strategy.population_size != config.population:
+        raise PodracerError(f"the strategy's population ({strategy.population_size}) differs "
+                            f"from --population={config.population}")
     normalize = config.normalize_observations
     axes = (parallel.DATA_AXIS,)
     obs_dim = math.prod(env.spec.obs_shape)
