@@ -11,8 +11,8 @@ each figure the fastest of its rounds (contention only ever adds time):
 - podracer: `podracer.anakin.es.make_anakin_es` (OpenAI-ES, population split
   over every device, fitness all-gathered, mean parameters evaluated per call),
   and the same on one device.
-- evosax: `evosax.algorithms.Open_ES` ask -> `jax.vmap` of the same episode
-  function (podracer's, so the rollout is identical) -> tell, `generations`
+- evosax: `evosax.algorithms.Open_ES` ask -> `jax.vmap` of the same fitness
+  function (podracer's `make_fitness_fn`, so the rollout is identical) -> tell, `generations`
   generations in one jitted `lax.scan`: the usual evosax loop. evosax has no
   multi-device protocol, so it runs on one device. It minimises, so it is told
   the negated returns.
@@ -20,7 +20,9 @@ each figure the fastest of its rounds (contention only ever adds time):
 Every row counts the same work: `population * episodes_per_member * horizon`
 env steps per generation (steps after an episode ends are computed and masked
 by both ES, and counted). The table comes first; the last line printed is one
-JSON object with `sps`, `peer_sps`, `env_ceiling_sps` and generations/s.
+JSON object with `sps`, `peer_sps`, `env_ceiling_sps` and generations/s. A
+column of steps per CPU-second (all threads) shows what each costs in work,
+which other load on a shared machine disturbs far less than wall-clock time.
 
     python bench/es.py                     # CartPole-v1, population 256
     python bench/es.py --env=Pendulum-v1 --population=512 --hidden 32 32
@@ -74,7 +76,8 @@ def main(argv=None) -> dict:
 
     from podracer import parallel
     from podracer.anakin.env import make_env
-    from podracer.anakin.es import make_anakin_es, make_episode_fn, make_es_layout
+    from podracer.anakin.es import (make_anakin_es, make_episode_fn, make_es_layout,
+                                     make_fitness_fn)
     from podracer.es import ESConfig
     from podracer.networks import make_policy_network
 
@@ -110,10 +113,10 @@ def main(argv=None) -> dict:
                            std_schedule=optax.constant_schedule(config.sigma))
         params = strategy.default_params
 
+        member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, False)
+
         def fitness(member, member_key):
-            keys = jax.random.split(member_key, config.episodes_per_member)
-            returns, _ = jax.vmap(episode, in_axes=(None, 0, None))(unravel(member), keys, None)
-            return jnp.mean(returns)
+            return member_fitness(member, member_key, None)[0]
 
         def generation(es_state, generation_key):
             ask_key, eval_key, tell_key = jax.random.split(generation_key, 3)
@@ -184,39 +187,48 @@ def main(argv=None) -> dict:
         "evosax Open_ES, 1 device": evosax_call(),
     }
     seconds = {name: [] for name in calls}
+    cpu_seconds = {name: [] for name in calls}
     for name, call in calls.items():  # warm-up: first dispatch, allocations
         jax.block_until_ready(call())
     for _ in range(args.rounds):
         for name, call in calls.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             jax.block_until_ready(call())
             seconds[name].append(time.perf_counter() - start)
+            cpu_seconds[name].append(time.process_time() - cpu_start)
     best = {name: min(times) for name, times in seconds.items()}
     spread = {name: statistics.median(times) / best[name] - 1 for name, times in seconds.items()}
+    # Steps per second of CPU time (all threads): the work each costs, which
+    # other load on a shared machine changes far less than wall-clock time.
+    per_cpu_s = {name: steps_per_call / min(times) for name, times in cpu_seconds.items()}
 
     ceiling, ours, ours_one, peer = (steps_per_call / best[name] for name in calls)
     print(f"{args.env}: population {config.population} x {config.episodes_per_member} episode(s) "
           f"x horizon {layout.horizon}, {args.generations} generations per call, "
           f"policy MLP {tuple(args.hidden)}, {jax.devices()[0].platform} x {layout.num_devices}; "
           f"best of {args.rounds} interleaved calls")
-    print(f"{'':34} {'env steps/s':>14} {'generations/s':>14} {'vs evosax':>10} "
-          f"{'median slower':>14}")
+    print(f"{'':34} {'env steps/s':>12} {'generations/s':>14} {'vs evosax':>10} "
+          f"{'median +':>9} {'steps/CPU-s':>12}")
     for name in calls:
         sps = steps_per_call / best[name]
         generations_per_s = args.generations / best[name]
-        print(f"{name:34} {sps:>14,.0f} {generations_per_s:>14,.1f} {sps / peer:>9.2f}x "
-              f"{spread[name]:>13.0%}")
+        print(f"{name:34} {sps:>12,.0f} {generations_per_s:>14,.1f} {sps / peer:>9.2f}x "
+              f"{spread[name]:>8.0%} {per_cpu_s[name]:>12,.0f}")
+    names = list(calls)
     result = {
         "env": args.env, "population": config.population,
         "episodes_per_member": config.episodes_per_member, "horizon": layout.horizon,
         "hidden": list(args.hidden), "devices": layout.num_devices,
-        "platform": jax.devices()[0].platform,
+        "platform": jax.devices()[0].platform, "rounds": args.rounds,
         "sps": ours, "generations_per_s": ours / layout.steps_per_generation,
         "sps_one_device": ours_one,
         "peer": "evosax.algorithms.Open_ES", "peer_sps": peer,
         "peer_generations_per_s": peer / layout.steps_per_generation,
         "env_ceiling_sps": ceiling, "speedup_vs_peer": ours / peer,
         "speedup_vs_peer_one_device": ours_one / peer,
+        "steps_per_cpu_s": per_cpu_s[names[1]],
+        "steps_per_cpu_s_one_device": per_cpu_s[names[2]],
+        "peer_steps_per_cpu_s": per_cpu_s[names[3]],
     }
     print(json.dumps(result))
     return result

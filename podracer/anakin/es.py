@@ -108,6 +108,26 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
     return episode
 
 
+def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normalize: bool):
+    """`fitness(flat_params, key, obs_stats) -> (fitness, seen)` of one member.
+
+    Fitness is the mean return of `episodes_per_member` episodes of
+    `episode` (from `make_episode_fn`) with the parameters `unravel(flat_params)`,
+    on keys split from `key`; `seen` merges their observation statistics (`()`
+    unless `normalize`).
+    """
+
+    def fitness(flat_params, key, obs_stats):
+        if episodes_per_member == 1:  # no batch axis of size 1 through every step
+            return episode(unravel(flat_params), key, obs_stats)
+        keys = jax.random.split(key, episodes_per_member)
+        returns, seen = jax.vmap(episode, in_axes=(None, 0, None))(
+            unravel(flat_params), keys, obs_stats)
+        return jnp.mean(returns), (es.reduce_stats(seen) if normalize else ())
+
+    return fitness
+
+
 def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
                    strategy: es.Strategy | None = None):
     """Build the jitted `init(key) -> runner` and `step(runner) -> (runner, metrics)`.
@@ -135,11 +155,7 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     # Parameters are unravelled once per episode batch, outside the step loop.
     episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
 
-    def member_fitness(flat_params, key, obs_stats):
-        keys = jax.random.split(key, config.episodes_per_member)
-        returns, seen = jax.vmap(episode, in_axes=(None, 0, None))(
-            unravel(flat_params), keys, obs_stats)
-        return jnp.mean(returns), (es.reduce_stats(seen) if normalize else ())
+    member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, normalize)
 
     if normalize:
         generations = es.make_sharded_step_normalized(
