@@ -67,7 +67,7 @@ def test_normalized_episode_reports_only_the_observations_before_the_end():
 
 def test_learns_cartpole_where_a_flipped_update_cannot():
     config = es.ESConfig(population=32, generations_per_call=4, eval_episodes=8)
-    devices = jax.devices()[:2]
+    devices = jax.devices()[:1]
     runner, history, step = _run("CartPole-v1", config, devices, calls=8)
     returns = [float(m["mean_params_return"]) for m in history]
     assert returns[-1] >= 475, returns
