@@ -114,7 +114,7 @@ def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normal
     Fitness is the mean return of `episodes_per_member` episodes of
     `episode` (from `make_episode_fn`) with the parameters `unravel(flat_params)`,
     on keys split from `key`; `seen` merges their observation statistics (`()`
-    unless `normalize`).
+    unless `normalize`). Parameters are unravelled once, outside the step loop.
     """
 
     def fitness(flat_params, key, obs_stats):
@@ -139,7 +139,8 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     `config.eval_episodes` episodes (split over the devices).
 
     `strategy` replaces the one `config` describes (`make_strategy(config)`), e.g.
-    a custom `init / ask / tell`; its population must be `config.population`.
+    a custom `init / ask / tell` whose state has the flat policy parameters in
+    `mean`; its population must be `config.population`.
     """
     layout = make_es_layout(config, env, mesh)
     strategy = make_strategy(config) if strategy is None else strategy
@@ -152,9 +153,7 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
     shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
     _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-    # Parameters are unravelled once per episode batch, outside the step loop.
     episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
-
     member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, normalize)
 
     if normalize:
