@@ -235,4 +235,10 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from podracer.errors import PodracerError
+
+    try:
+        main()
+    except PodracerError as err:  # e.g. a population that does not split over the devices
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)

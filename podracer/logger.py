@@ -1,7 +1,8 @@
 """Run outputs: `metrics.jsonl` per log interval, `summary.json` at the end, a progress line.
 
 Keys every architecture and algorithm writes (stable; later additions only add):
-`env_steps`, `sps`, `episode_return_mean`; the summary adds `wall_s`.
+`env_steps`, `sps`, `episode_return_mean`; the summary adds `wall_s`. Evolution
+strategies add `mean_params_return` (shown on the progress line) and `generations`.
 """
 
 from __future__ import annotations
