@@ -12,6 +12,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import logging
 import sys
 import textwrap
 import typing
@@ -19,8 +20,11 @@ from typing import Any, Sequence
 
 from podracer import config as run_config
 from podracer.anakin.loop import AnakinConfig
-from podracer.errors import PodracerError
+from podracer.checkpoint import CheckpointConfig
+from podracer.data.config import DataConfig
+from podracer.errors import Interrupted, PodracerError
 from podracer.es.config import VARIANTS, ESConfig
+from podracer.orchestrate import DistConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
 
@@ -32,6 +36,10 @@ SECTIONS: dict[str, type] = {
     "anakin": AnakinConfig,
     "optimizer": run_config.OptimConfig,
     "network": run_config.NetworkConfig,
+    "checkpoint": CheckpointConfig,
+    "distributed": DistConfig,
+    "logging": run_config.LogConfig,
+    "data": DataConfig,
 }
 
 
@@ -58,7 +66,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _positive_or_any(kind):
+def _typed(kind):
     def parse(text: str):
         try:
             return kind(text)
@@ -68,14 +76,9 @@ def _positive_or_any(kind):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python launch/tpu.py",
-        description="Train with podracer. Runs on every device JAX sees (all TPU cores of a "
-                    "TPU VM, forced CPU devices with --cpu-devices).",
-        allow_abbrev=False)
+def _add_fields(parser: argparse.ArgumentParser, sections: dict[str, type]) -> None:
     seen: set[str] = set()
-    for section, cls in SECTIONS.items():
+    for section, cls in sections.items():
         group = parser.add_argument_group(section)
         docs = _field_docs(cls)
         hints = typing.get_type_hints(cls)
@@ -93,16 +96,37 @@ def build_parser() -> argparse.ArgumentParser:
             elif typing.get_origin(kind) is tuple:
                 element = typing.get_args(kind)[0]
                 group.add_argument(_flag(field.name), dest=field.name, default=None, nargs="+",
-                                   type=_positive_or_any(element), metavar=element.__name__.upper(),
+                                   type=_typed(element), metavar=element.__name__.upper(),
                                    help=help_text)
             else:
                 choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS,
                            "variant": VARIANTS}.get(field.name)
                 group.add_argument(_flag(field.name), dest=field.name, default=None,
-                                   type=_positive_or_any(kind), choices=choices,
+                                   type=_typed(kind), choices=choices,
                                    metavar=kind.__name__.upper() if not choices else None,
                                    help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python launch/tpu.py",
+        description="Train with podracer. Runs on every device JAX sees (all TPU cores of a "
+                    "TPU VM, forced CPU devices with --cpu-devices). Verbs: eval (score a run's "
+                    "policy), up/status/down/list (TPU slices; see README).",
+        allow_abbrev=False)
+    _add_fields(parser, SECTIONS)
     return parser
+
+
+def parse_section(cls: type, argv: Sequence[str], prog: str):
+    """Parse `argv` into one config dataclass (for verbs such as `eval`)."""
+    parser = _Parser(prog=prog, allow_abbrev=False)
+    _add_fields(parser, {"options": cls})
+    given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
+    try:
+        return cls(**given)
+    except ValueError as err:
+        raise PodracerError(str(err)) from None
 
 
 def parse_configs(argv: Sequence[str]) -> dict[str, Any]:
@@ -120,7 +144,7 @@ def parse_configs(argv: Sequence[str]) -> dict[str, Any]:
         try:
             configs[section] = cls(**kwargs)
         except ValueError as err:
-            raise PodracerError(f"{err}; fix the flag") from None
+            raise PodracerError(str(err)) from None
     return configs
 
 
@@ -128,15 +152,41 @@ def run(argv: Sequence[str]) -> dict:
     """Parse, configure JAX's devices, and run; returns the run's summary."""
     configs = parse_configs(argv)
     run_cfg: run_config.RunConfig = configs["run"]
+    # Library chatter (orbax logs through absl) would break the one-line error
+    # contract; everything a user must see is reported by podracer itself.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
     if run_cfg.cpu_devices < 0:
         raise PodracerError(f"--cpu-devices must be >= 0, got {run_cfg.cpu_devices}")
+    trainer = _trainer(run_cfg.arch, run_cfg.algo)
     if run_cfg.cpu_devices:
         import jax
 
         # Only effective before JAX's CPU backend starts, which nothing above has done.
         jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)
-    summary, _ = _trainer(run_cfg.arch, run_cfg.algo)(configs)
+    from podracer import orchestrate
+
+    orchestrate.initialize(configs["distributed"])
+    summary, _ = trainer(configs)
     return summary
+
+
+def train(**flags) -> dict:
+    """Train from Python with the launcher's flags as keywords; returns the summary.
+
+        podracer.train(arch="anakin", algo="ppo", env="CartPole-v1", total_steps=100_000)
+
+    Presets, validation and outputs are exactly those of `python launch/tpu.py`.
+    """
+    argv = []
+    for name, value in flags.items():
+        flag = _flag(name)
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (tuple, list)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv.append(f"{flag}={value}")
+    return run(argv)
 
 
 def _trainer(arch: str, algo: str):
@@ -144,11 +194,11 @@ def _trainer(arch: str, algo: str):
     if (arch, algo) == ("anakin", "ppo"):
         from podracer.anakin.train import train_ppo
 
-        return lambda c: train_ppo(c["run"], c["ppo"], c["anakin"], c["optimizer"], c["network"])
+        return train_ppo
     if (arch, algo) == ("anakin", "es"):
-        from podracer.anakin.train import train_es
+        from podracer.anakin.train_es import train_es
 
-        return lambda c: train_es(c["run"], c["es"], c["network"])
+        return train_es
     raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
                         f"use --arch=anakin with --algo=ppo or --algo=es")
 
@@ -170,10 +220,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return provision_main(argv)
     try:
+        if argv[:1] == ["eval"]:
+            from podracer.evaluate import main as evaluate_main
+
+            logging.getLogger("absl").setLevel(logging.CRITICAL)
+            return evaluate_main(argv[1:])
+        if parse_configs(argv)["distributed"].spawns:
+            from podracer import orchestrate
+
+            return orchestrate.spawn_local(argv, parse_configs(argv)["distributed"].num_processes)
         run(argv)
     except PodracerError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except Interrupted as stop:
+        print(f"{stop}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -49,6 +49,10 @@ class OptimConfig:
     adam_eps: float = 1e-5
     """Adam's epsilon."""
 
+    def __post_init__(self):
+        if self.lr < 0 or self.max_grad_norm <= 0 or self.adam_eps <= 0:
+            raise ValueError("--lr must be >= 0, --max-grad-norm and --adam-eps > 0")
+
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
@@ -58,6 +62,22 @@ class NetworkConfig:
     """Hidden layer widths of the actor and the critic MLPs."""
     activation: str = "tanh"
     """Hidden activation: tanh or relu."""
+
+    def __post_init__(self):
+        if self.activation not in ("tanh", "relu"):
+            raise ValueError(f"--activation must be tanh or relu, got {self.activation!r}")
+        if not self.hidden or min(self.hidden) <= 0:
+            raise ValueError(f"--hidden needs positive widths, got {self.hidden}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """Where metrics go besides metrics.jsonl and TensorBoard."""
+
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `pip install wandb` and a login)."""
+    wandb_project: str = "podracer"
+    """Weights & Biases project name."""
 
 
 def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:

@@ -27,8 +27,11 @@ class Categorical:
         return jnp.argmax(self.logits, axis=-1)
 
     def log_prob(self, action: jax.Array) -> jax.Array:
+        # A one-hot product rather than a gather: its gradient is elementwise, where a
+        # gather's is a scatter-add, which is slow on CPU.
         log_p = jax.nn.log_softmax(self.logits)
-        return jnp.take_along_axis(log_p, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        one_hot = jax.nn.one_hot(action, self.logits.shape[-1], dtype=log_p.dtype)
+        return jnp.sum(log_p * one_hot, axis=-1)
 
     def entropy(self) -> jax.Array:
         log_p = jax.nn.log_softmax(self.logits)

@@ -10,3 +10,11 @@ class PodracerError(Exception):
     """A problem the user can fix; the message is one line and says how."""
 
     exit_code = 2
+
+
+class Interrupted(Exception):
+    """Training stopped by a signal after saving; exit status is 128 + the signal."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + signum

@@ -25,6 +25,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def start_wandb(configs: dict[str, Any]) -> Any:
+    """A Weights & Biases run when `--wandb` asks for one (process 0 only), else None."""
+    import dataclasses
+
+    logging_config = configs.get("logging")
+    if logging_config is None or not logging_config.wandb:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb") from None
+    run = configs["run"]
+    return wandb.init(project=logging_config.wandb_project, dir=run.run_dir,
+                      name=os.path.basename(os.path.abspath(run.run_dir)),
+                      config={name: dataclasses.asdict(cfg) for name, cfg in configs.items()})
+
+
 def prepare_run_dir(run_dir: str) -> str:
     """Create `run_dir` (and parents) or explain why it cannot be written."""
     try:
@@ -47,7 +64,7 @@ class RunLogger:
     """
 
     def __init__(self, run_dir: str, total_steps: int, stream: TextIO | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, resume_steps: int = 0, wandb_run: Any = None):
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
@@ -56,8 +73,34 @@ class RunLogger:
         self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.last_return = float("nan")
         self.rows = 0
+        self._wandb = wandb_run
         if enabled:
-            self._file = open(os.path.join(run_dir, "metrics.jsonl"), "w")
+            self._file = self._open_metrics(resume_steps)
+            from tensorboardX import SummaryWriter
+
+            # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
+            self._tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+
+    def _open_metrics(self, resume_steps: int) -> TextIO:
+        """A fresh file, or, when resuming, the rows up to the checkpoint, then append."""
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        if not resume_steps:
+            return open(path, "w")
+        kept = []
+        if os.path.exists(path):
+            for line in open(path):
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line cut short by a kill
+                    continue
+                if row.get("env_steps", 0) <= resume_steps:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                    if row.get("episode_return_mean") is not None:
+                        self.last_return = row["episode_return_mean"]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+        return open(path, "a")
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -73,6 +116,12 @@ class RunLogger:
             return
         self._file.write(json.dumps(metrics) + "\n")
         self._file.flush()
+        scalars = {key: value for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_steps"}
+        for key, value in scalars.items():
+            self._tensorboard.add_scalar(f"podracer/{key}", value, metrics["env_steps"])
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=metrics["env_steps"])
         self._progress(metrics)
 
     def _progress(self, metrics: dict[str, Any]) -> None:
@@ -94,6 +143,10 @@ class RunLogger:
         summary.setdefault("wall_s", round(self.elapsed(), 3))
         if self.enabled:
             self._file.close()
+            self._tensorboard.close()
+            if self._wandb is not None:
+                self._wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+                self._wandb.finish()
             path = os.path.join(self.run_dir, "summary.json")
             tmp = path + ".tmp"
             with open(tmp, "w") as f:

@@ -106,3 +106,60 @@ def all_gather(local: jax.Array, axis_names: Sequence[str]) -> jax.Array:
     if not axis_names:
         return local
     return jax.lax.all_gather(local, tuple(axis_names), tiled=True, to="invarying")
+
+
+def is_main_process() -> bool:
+    """Process 0 logs and writes run files; every process computes."""
+    return jax.process_index() == 0
+
+
+def to_host(tree):
+    """Bring a pytree of (possibly global, multi-process) arrays to host numpy.
+
+    Replicated arrays are read from a local copy; arrays sharded over other
+    processes' devices are gathered from every process.
+    """
+    from jax.experimental import multihost_utils
+
+    def fetch(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return np.asarray(x)
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(fetch, tree)
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process if `flag` is true on any: a decision all processes share.
+
+    A signal reaches processes at slightly different times; deciding to stop
+    together keeps their collectives in step.
+    """
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
+
+
+def fingerprint(tree) -> str:
+    """A hash of every byte of a (replicated) pytree, to compare across processes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(to_host(tree)):
+        digest.update(np.ascontiguousarray(leaf).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def process_fingerprints(tree) -> list[str]:
+    """Every process's `fingerprint(tree)`, in process order."""
+    mine = fingerprint(tree)
+    if jax.process_count() == 1:
+        return [mine]
+    from jax.experimental import multihost_utils
+
+    codes = multihost_utils.process_allgather(np.frombuffer(bytes.fromhex(mine), np.uint8))
+    return [bytes(row).hex() for row in np.asarray(codes).reshape(jax.process_count(), -1)]

@@ -2,8 +2,13 @@
 
 import os
 import sys
+import tempfile
 
-import jax
+# One compilation cache for the whole session, inherited by every launcher
+# subprocess: the many short runs of the same program compile it once.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="podracer-jax-cache-"))
+
+import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 

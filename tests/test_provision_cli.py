@@ -76,7 +76,7 @@ def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service)
     assert create.node.accelerator_type == "v4-32"
     assert create.node.runtime_version == "tpu-ubuntu2204-base"
     script = create.node.metadata["startup-script"]
-    assert "launch/tpu.py \\\n  --arch=sebulba \\\n  --algo=ppo \\\n  --env=Pong-v5\n" in script
+    assert "launch/tpu.py \\\n  --arch=sebulba \\\n  --algo=ppo \\\n  --env=Pong-v5 \\\n  --distributed=auto\n" in script
     assert f"'jax[tpu]' '{INSTALL_SPEC}'\n" in script
     assert service.nodes == {}
     assert "TPU slice-1: CREATING" in out and "TPU slice-1: READY" in out

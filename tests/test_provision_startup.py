@@ -96,7 +96,7 @@ def test_hostile_flags_reach_the_launcher_verbatim_and_nothing_escapes(tmp_path,
 
     training = [call for call in calls if call["program"] == "python"]
     assert len(training) == 1
-    assert training[0]["argv"] == ["launch/tpu.py", *HOSTILE_FLAGS]
+    assert training[0]["argv"] == ["launch/tpu.py", *HOSTILE_FLAGS, "--distributed=auto"]
     assert training[0]["cwd"] == layout.run_dir
     install = [call["argv"] for call in calls if call["argv"][:4] == ["-m", "uv", "pip", "install"]]
     assert install == [["-m", "uv", "pip", "install", "--python", f"{layout.venv}/bin/python",

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from podracer import parallel
 from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
 from podracer.errors import PodracerError
-from podracer.ppo import PPOConfig, Transition, init_train_state, make_update, policy_inputs
+from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, make_update, policy_inputs
 from podracer.types import TrainState
 
 
@@ -69,10 +69,6 @@ def _env_keys(key: jax.Array, num_local: int, axis_names) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
 
 
-def _sample(dist, keys):
-    return jax.vmap(lambda d, k: d.sample(k))(dist, keys)
-
-
 def make_anakin(
     env: GymnaxEnv,
     network,
@@ -91,6 +87,7 @@ def make_anakin(
     axes = (parallel.DATA_AXIS,)
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
+    act = make_act(apply_fn, ppo_config)
     local_envs = layout.envs_per_device
 
     def _rollout_keys(key):
@@ -109,10 +106,9 @@ def make_anakin(
 
     def env_step(params, obs_stats, carry, keys):
         env_state, obs = carry
-        dist, value = apply_fn(params, policy_inputs(obs, obs_stats, ppo_config))
-        action = _sample(dist, keys[:, 0])
+        action, log_prob, value = act(params, obs_stats, obs, keys[:, 0])
         env_state, ts = jax.vmap(env.step)(keys[:, 1], env_state, action)
-        return (env_state, ts.obs), (obs, action, dist.log_prob(action), value, ts)
+        return (env_state, ts.obs), (obs, action, log_prob, value, ts)
 
     def train_step(runner: RunnerState, _):
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
@@ -129,6 +125,9 @@ def make_anakin(
                            final_value)
         train, metrics = update(train, batch, bootstrap_value, update_key)
         done = jnp.logical_or(ts.terminated, ts.truncated)
+        # For the NaN guard: checked on the host before anything is saved.
+        metrics["params_finite"] = jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(train.params)]))
         metrics.update(parallel.psum({
             "episodes": done.sum(),
             "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),

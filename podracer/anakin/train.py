@@ -1,41 +1,46 @@
-"""Host drivers for Anakin PPO and ES: build, compile, call, log."""
+"""Host driver for Anakin PPO: build, restore, compile, call, log, checkpoint."""
 
 from __future__ import annotations
 
 import math
+import signal
 import time
+from typing import Any
 
 import jax
 import numpy as np
 
 from podracer import parallel
 from podracer.anakin.env import make_env
-from podracer.anakin.es import make_anakin_es, make_es_layout
-from podracer.anakin.loop import AnakinConfig, make_anakin, make_layout
-from podracer.config import NetworkConfig, OptimConfig, RunConfig, make_optimizer
-from podracer.errors import PodracerError
-from podracer.es.config import ESConfig
-from podracer.logger import RunLogger, prepare_run_dir
-from podracer.networks import make_network, make_policy_network
-from podracer.ppo import PPOConfig
+from podracer.anakin.loop import make_anakin, make_layout
+from podracer.checkpoint import Checkpointer, has_checkpoint, stop_on_signals
+from podracer.config import make_optimizer
+from podracer.data.config import DataConfig
+from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
+from podracer.errors import Interrupted, PodracerError
+from podracer.logger import RunLogger, prepare_run_dir, start_wandb
+from podracer.networks import make_network
 
 
 def _interval_metrics(metrics) -> dict:
     """Reduce one call's stacked per-update metrics to one log row."""
-    metrics = jax.device_get(metrics)
+    metrics = parallel.to_host(metrics)
     episodes = int(np.sum(metrics.pop("episodes")))
     return_sum = float(np.sum(metrics.pop("episode_return_sum")))
     length_sum = float(np.sum(metrics.pop("episode_length_sum")))
+    finite = bool(np.all(metrics.pop("params_finite"))) and all(
+        np.all(np.isfinite(value)) for value in metrics.values())
     row = {key: float(np.mean(value)) for key, value in metrics.items()}
     row["episodes"] = episodes
     row["episode_return_mean"] = return_sum / episodes if episodes else None
     row["episode_length_mean"] = length_sum / episodes if episodes else None
+    row["finite"] = finite
     return row
 
 
-def train_ppo(run: RunConfig, ppo_config: PPOConfig, anakin: AnakinConfig,
-              optim: OptimConfig, net: NetworkConfig, devices=None):
-    """Train PPO with Anakin on `devices` (default: all); returns (summary, final runner)."""
+def build(configs: dict[str, Any], devices=None):
+    """Environment, mesh, sizes, network and the jitted `init`/`train` for a run."""
+    run, ppo_config, anakin = configs["run"], configs["ppo"], configs["anakin"]
     if run.total_steps <= 0:
         raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
     env = make_env(run.env)
@@ -43,117 +48,115 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, anakin: AnakinConfig,
     layout = make_layout(anakin, ppo_config, mesh)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
-    num_updates = num_calls * anakin.updates_per_call
-    prepare_run_dir(run.run_dir)
-    logger = RunLogger(run.run_dir, num_calls * steps_per_call)
-
+    net = configs["network"]
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                            net.hidden, net.activation)
-    optimizer = make_optimizer(optim, num_updates * ppo_config.epochs * ppo_config.minibatches)
+    num_updates = num_calls * anakin.updates_per_call
+    optimizer = make_optimizer(configs["optimizer"],
+                               num_updates * ppo_config.epochs * ppo_config.minibatches)
     init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh)
+    return env, network, layout, steps_per_call, num_calls, init, train
+
+
+def train_ppo(configs: dict[str, Any], devices=None):
+    """Train PPO with Anakin on `devices` (default: all); returns (summary, final runner).
+
+    `configs` maps section names to config dataclasses, as `podracer.cli.parse_configs`
+    returns them. A run directory with a checkpoint resumes from it. The `data`
+    section can clone the initial policy from a dataset (not when resuming) and
+    record the trained policy into a new one (`podracer.data.train_hooks`).
+    """
+    wall_start = time.perf_counter()
+    run = configs["run"]
+    data = configs.get("data", DataConfig())
+    check_data_config(data, writes=parallel.is_main_process())
+    resuming = has_checkpoint(run.run_dir)
+    if resuming:  # a mismatched config fails before anything is built
+        probe = Checkpointer(run.run_dir, configs["checkpoint"], configs, create=False)
+        probe.check_config(probe.read_meta())
+        probe.close()
+    env, network, layout, steps_per_call, num_calls, init, train = build(configs, devices)
+    prepare_run_dir(run.run_dir)
+    checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)
 
     runner = init(jax.random.PRNGKey(run.seed))
+    start_call, cloned = 0, {}
+    if resuming:
+        runner, meta = checkpointer.restore(runner)
+        start_call = int(meta["calls"])
+    else:  # a resumed run continues from its checkpoint, never from the dataset
+        runner, cloned = warm_start(runner, data, env, network, configs["ppo"], run.seed)
     compile_start = time.perf_counter()
     train = train.lower(runner).compile()
     compile_s = time.perf_counter() - compile_start
 
-    # Dispatch call i+1 before reading call i's metrics, so logging overlaps compute.
+    every = configs["checkpoint"].checkpoint_every
+    save_every_calls = math.ceil(every / steps_per_call) if every else 0
+    main_process = parallel.is_main_process()
+    logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=main_process,
+                       resume_steps=start_call * steps_per_call,
+                       wandb_run=start_wandb(configs) if main_process else None)
+    last_saved = start_call * steps_per_call if resuming else None
     train_start = time.perf_counter()
-    runner, metrics = train(runner)
-    last_return = None
-    for call in range(num_calls):
-        pending = metrics
-        if call + 1 < num_calls:
-            runner, metrics = train(runner)
-        row = _interval_metrics(pending)
+
+    def record(call: int, metrics) -> None:
+        row = _interval_metrics(metrics)
         env_steps = (call + 1) * steps_per_call
+        if not row.pop("finite"):
+            kept = "nothing was saved yet" if last_saved is None else \
+                f"the last good checkpoint (env step {last_saved:,}) is kept"
+            raise PodracerError(
+                f"non-finite loss or parameters at update {(call + 1) * configs['anakin'].updates_per_call} "
+                f"(env step {env_steps:,}); stopped, {kept}; lower --lr or --max-grad-norm")
         elapsed = time.perf_counter() - train_start
-        row.update(env_steps=env_steps, sps=env_steps / elapsed)
-        if row["episode_return_mean"] is not None:
-            last_return = row["episode_return_mean"]
+        row.update(env_steps=env_steps, sps=(call + 1 - start_call) * steps_per_call / elapsed)
         logger.log(row)
-    jax.block_until_ready(runner)
-    train_s = time.perf_counter() - train_start
-    return logger.summary({
+
+    try:
+        with stop_on_signals() as stop:
+            pending, stopping = None, False
+            for call in range(start_call, num_calls):
+                runner, metrics = train(runner)  # dispatched: the host logs while it runs
+                if pending is not None:
+                    record(*pending)
+                pending = (call, metrics)
+                last = call + 1 == num_calls
+                stopping = parallel.any_process(bool(stop))  # every process stops at the same call
+                if last or stopping or (save_every_calls and (call + 1) % save_every_calls == 0):
+                    record(*pending)  # the NaN guard runs before anything is saved
+                    pending = None
+                    checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
+                    last_saved = (call + 1) * steps_per_call
+                if stopping:
+                    break
+            jax.block_until_ready(runner)
+            train_s = time.perf_counter() - train_start
+    finally:
+        # Whatever stopped the loop, a save already started is completed, never left half-written.
+        checkpointer.wait()
+        checkpointer.close()
+    done_calls = call + 1 if num_calls > start_call else start_call
+    recorded = {} if stopping or not parallel.is_main_process() else record_trained_policy(
+        runner.train, data, env, network, configs["ppo"], run.seed)
+    summary = logger.summary({
         "arch": "anakin", "algo": "ppo", "env": run.env,
-        "env_steps": num_calls * steps_per_call,
-        "sps": num_calls * steps_per_call / train_s,
-        "episode_return_mean": last_return,
-        "updates": num_updates,
+        "env_steps": done_calls * steps_per_call,
+        "sps": (done_calls - start_call) * steps_per_call / train_s if train_s > 0 else None,
+        "episode_return_mean": logger.last_return,
+        "updates": done_calls * configs["anakin"].updates_per_call,
         "devices": layout.num_devices,
         "compile_s": compile_s,
         "train_s": train_s,
-    }), runner
-
-
-def _es_row(metrics) -> dict:
-    """One call's ES metrics (stacked over its generations) as one log row."""
-    metrics = jax.device_get(metrics)
-    row = {"mean_params_return": float(metrics.pop("mean_params_return"))}
-    row["episode_return_mean"] = float(np.mean(metrics["fitness_mean"]))
-    row["episode_return_max"] = float(np.max(metrics.pop("fitness_max")))
-    row["episode_return_min"] = float(np.min(metrics.pop("fitness_min")))
-    row.update({key: float(np.mean(value)) for key, value in metrics.items()})
-    return row
-
-
-def train_es(run: RunConfig, es_config: ESConfig, net: NetworkConfig, devices=None):
-    """Train a policy with evolution strategies on Anakin; returns (summary, final runner).
-
-    `env_steps` counts the steps the population simulates (`population *
-    episodes_per_member * horizon` per generation, steps after an episode's end
-    included: they are computed and masked); the evaluation episodes of the mean
-    parameters are extra and not counted. `episode_return_mean` is the mean
-    fitness of the population over the call's generations, `mean_params_return`
-    the return of the mean parameters after the call.
-    """
-    if run.total_steps <= 0:
-        raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
-    env = make_env(run.env)
-    mesh = parallel.make_mesh(devices)
-    layout = make_es_layout(es_config, env, mesh)
-    steps_per_call = layout.steps_per_generation * es_config.generations_per_call
-    num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
-    prepare_run_dir(run.run_dir)
-    logger = RunLogger(run.run_dir, num_calls * steps_per_call)
-
-    policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                                 net.hidden, net.activation)
-    init, step = make_anakin_es(env, policy, es_config, mesh)
-    runner = init(jax.random.PRNGKey(run.seed))
-    compile_start = time.perf_counter()
-    step = step.lower(runner).compile()
-    compile_s = time.perf_counter() - compile_start
-
-    # Dispatch call i+1 before reading call i's metrics, so logging overlaps compute.
-    train_start = time.perf_counter()
-    runner, metrics = step(runner)
-    row = {}
-    for call in range(num_calls):
-        pending = metrics
-        if call + 1 < num_calls:
-            runner, metrics = step(runner)
-        row = _es_row(pending)
-        generations = (call + 1) * es_config.generations_per_call
-        elapsed = time.perf_counter() - train_start
-        row.update(env_steps=(call + 1) * steps_per_call, generations=generations,
-                   sps=(call + 1) * steps_per_call / elapsed, generations_per_s=generations / elapsed)
-        logger.log(row)
-    jax.block_until_ready(runner)
-    train_s = time.perf_counter() - train_start
-    generations = num_calls * es_config.generations_per_call
-    return logger.summary({
-        "arch": "anakin", "algo": "es", "variant": es_config.variant, "env": run.env,
-        "env_steps": num_calls * steps_per_call,
-        "sps": num_calls * steps_per_call / train_s,
-        "episode_return_mean": row["episode_return_mean"],
-        "mean_params_return": row["mean_params_return"],
-        "generations": generations,
-        "generations_per_s": generations / train_s,
-        "population": es_config.population,
-        "horizon": layout.horizon,
-        "num_params": int(runner.strategy.mean.shape[0]),
-        "devices": layout.num_devices,
-        "compile_s": compile_s,
-        "train_s": train_s,
-    }), runner
+        "resumed_from_env_steps": start_call * steps_per_call if resuming else None,
+        "processes": jax.process_count(),
+        # Every process must hold the same parameters; one hash per process proves it.
+        "params_fingerprints": parallel.process_fingerprints(runner.train.params),
+        **cloned, **recorded,
+        "wall_s": time.perf_counter() - wall_start,
+    })
+    if stopping:
+        signum = stop.signal or signal.SIGTERM  # another process may have received it
+        raise Interrupted(signum, f"stopped by signal {signum} at env step "
+                                       f"{done_calls * steps_per_call:,}; checkpoint saved, "
+                                       f"run the same command to resume")
+    return summary, runner

@@ -38,4 +38,4 @@ class PPOConfig:
     def __post_init__(self):
         for name in ("epochs", "minibatches"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")

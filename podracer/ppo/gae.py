@@ -51,6 +51,7 @@ def gae_advantages(
         advantage = delta + continues * carry
         return advantage, advantage
 
+    # Unrolled: each step is a handful of tiny ops, so loop overhead would dominate.
     _, advantages = jax.lax.scan(backward, jnp.zeros_like(bootstrap_value), (delta, continues),
-                                 reverse=True)
+                                 reverse=True, unroll=16)
     return advantages, advantages + v_t

@@ -31,11 +31,18 @@ def policy_inputs(obs: jax.Array, obs_stats: RunningStats, config: PPOConfig) ->
 
 
 def make_act(apply_fn: ApplyFn, config: PPOConfig, deterministic: bool = False) -> Callable:
-    """`act(params, obs_stats, obs, key) -> (action, log_prob, value)` for a batch of obs."""
+    """`act(params, obs_stats, obs, keys) -> (action, log_prob, value)` for a batch.
 
-    def act(params, obs_stats, obs, key):
+    `keys` holds one PRNG key per observation ([B, 2]), so an environment's action
+    depends on its own key only, not on how the batch is split over devices.
+    """
+
+    def act(params, obs_stats, obs, keys):
         dist, value = apply_fn(params, policy_inputs(obs, obs_stats, config))
-        action = dist.mode() if deterministic else dist.sample(key)
+        if deterministic:
+            action = dist.mode()
+        else:
+            action = jax.vmap(lambda d, k: d.sample(k))(dist, keys)
         return action, dist.log_prob(action), value
 
     return act

@@ -43,8 +43,11 @@ def make_startup_script(
     if not launcher_source.endswith("\n"):
         launcher_source += "\n"
     q = shlex.quote
+    # Every worker of a slice is one process of the run: jax.distributed.initialize()
+    # finds the others from the TPU metadata.
     command = " \\\n  ".join(
-        ['"$VENV/bin/python" launch/tpu.py', *(q(flag) for flag in training_flags)])
+        ['"$VENV/bin/python" launch/tpu.py', *(q(flag) for flag in training_flags),
+         "--distributed=auto"])
     return f"""#!/bin/bash
 # podracer worker: install podracer, then run the training launcher.
 # Progress goes to the guest attribute {GUEST_ATTRIBUTE_NAMESPACE}/{GUEST_ATTRIBUTE_KEY}:

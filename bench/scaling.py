@@ -1,0 +1,69 @@
+"""Scaling of every architecture x algorithm over devices and processes.
+
+Each point is a real launcher run (`python launch/tpu.py ...`) with a fixed
+global batch, so the work per step is the same and only the device split
+changes: 1, 2, 4, 8 devices in one process, and 4 devices as 1 x 4 vs 2 x 2
+processes joined by jax.distributed on loopback. The figure is the run's
+steady-state `sps` from its summary.json (compilation excluded).
+
+On a CPU-only machine every "device" shares the same cores, so this measures the
+protocol's overhead (collectives, gloo between processes), not a speed-up.
+
+    python bench/scaling.py [--total-steps 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import common
+
+LAUNCHER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "tpu.py")
+
+# Global sizes divisible by 8 devices; each pair's own environment.
+PAIRS = {
+    ("anakin", "ppo"): ["--env=CartPole-v1", "--num-envs=64", "--rollout-len=32"],
+    ("anakin", "es"): ["--env=CartPole-v1"],
+    ("sebulba", "ppo"): ["--env=CartPole-v1"],
+    ("sebulba", "es"): ["--env=CartPole-v1"],
+}
+
+
+def run_point(arch, algo, extra, devices, processes, total_steps) -> float | str:
+    with tempfile.TemporaryDirectory() as run_dir:
+        args = [sys.executable, LAUNCHER, f"--arch={arch}", f"--algo={algo}", *extra,
+                f"--total-steps={total_steps}", f"--run-dir={run_dir}/run", "--checkpoint-every=0",
+                f"--cpu-devices={devices // processes}"]
+        if processes > 1:
+            args.append(f"--num-processes={processes}")
+        result = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["failed"])[-1]
+            return "n/a" if "not available" in last or "must" in last or "split" in last else "failed"
+        return json.loads(open(f"{run_dir}/run/summary.json").read())["sps"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total-steps", type=int, default=200_000)
+    args = parser.parse_args()
+    points = [(d, 1) for d in (1, 2, 4, 8)] + [(4, 2)]
+    rows, result = [], {"bench": "scaling", "sps": {}}
+    for (arch, algo), extra in PAIRS.items():
+        row = [f"{arch} {algo}"]
+        for devices, processes in points:
+            sps = run_point(arch, algo, extra, devices, processes, args.total_steps)
+            result["sps"][f"{arch}/{algo}/{processes}x{devices // processes}"] = sps
+            row.append(f"{sps:,.0f}" if isinstance(sps, float) else sps)
+        rows.append(tuple(row))
+    header = ("run", *(f"{p}x{d // p} dev" for d, p in points))
+    common.report("Steps/s by processes x devices per process (global batch fixed)", rows, header, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Checkpoints with orbax: periodic async saves, a save on SIGTERM/SIGINT, resume.
+
+A run directory holds `checkpoints/<env_steps>/` written by orbax's
+`CheckpointManager`: the whole state pytree (train state, every RNG key, the
+environment state, normalisers) and a JSON item with the run's config. Orbax
+writes each checkpoint into a temporary directory and renames it when complete,
+so a process killed mid-save leaves the previous checkpoint untouched.
+
+Resuming is automatic: a run directory that already has a checkpoint continues
+from its latest one, provided the config matches (only the settings listed in
+`RESUMABLE_CHANGES` may differ). To start over, use another `--run-dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+from typing import Any, Iterator
+
+import jax
+
+from podracer.errors import PodracerError
+
+CHECKPOINT_DIR = "checkpoints"
+
+# Settings that may change between a run and its resumption: how long to run,
+# where and how often to save, how to log, and the device count (results are
+# the same on any device count up to float rounding).
+RESUMABLE_CHANGES = {
+    ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"),
+    ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
+    ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
+    ("logging", "wandb"), ("logging", "wandb_project"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When to save; where is always RUN_DIR/checkpoints."""
+
+    checkpoint_every: int = 100_000
+    """Save every this many env steps (rounded up to whole host calls); 0: only at the end and on SIGTERM/SIGINT."""
+    keep_checkpoints: int = 3
+    """Checkpoints to keep; older ones are deleted once a newer one is complete."""
+
+    def __post_init__(self):
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.keep_checkpoints <= 0:
+            raise ValueError(f"--keep-checkpoints must be positive, got {self.keep_checkpoints}")
+
+
+def config_record(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The configs as plain JSON (tuples become lists), keyed by section."""
+    return {section: {k: list(v) if isinstance(v, tuple) else v
+                      for k, v in dataclasses.asdict(cfg).items()}
+            for section, cfg in configs.items()}
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """`--flag` names whose values differ in ways a resumed run cannot absorb."""
+    differing = []
+    for section in sorted(set(saved) | set(current)):
+        old, new = saved.get(section, {}), current.get(section, {})
+        for name in sorted(set(old) | set(new)):
+            if (section, name) not in RESUMABLE_CHANGES and old.get(name) != new.get(name):
+                differing.append(f"--{name.replace('_', '-')} ({old.get(name)!r} saved, {new.get(name)!r} now)")
+    return differing
+
+
+def checkpoint_dir(run_dir: str) -> str:
+    return os.path.abspath(os.path.join(run_dir, CHECKPOINT_DIR))
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    path = checkpoint_dir(run_dir)
+    return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+
+
+class Checkpointer:
+    """Saves and restores one run's state; steps are env steps."""
+
+    def __init__(self, run_dir: str, config: CheckpointConfig, configs: dict[str, Any],
+                 create: bool = True):
+        import orbax.checkpoint as ocp
+
+        self._ocp = ocp
+        self.configs = config_record(configs)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True, create=create)
+        self.manager = ocp.CheckpointManager(checkpoint_dir(run_dir), options=options,
+                                             item_names=("state", "meta"))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, env_steps: int, state: Any, meta: dict[str, Any]) -> None:
+        """Start an asynchronous save; returns once the arrays are copied off the devices."""
+        ocp = self._ocp
+        meta = {**meta, "env_steps": env_steps, "config": self.configs}
+        self.manager.save(env_steps, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        step = self.latest_step() if step is None else step
+        ocp = self._ocp
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        except Exception as err:  # orbax raises many types for a damaged directory
+            raise PodracerError(
+                f"checkpoint {step} in {checkpoint_dir_of(self)} is unreadable ({type(err).__name__}); "
+                f"delete that step's directory to fall back to an older one, or use a new --run-dir"
+            ) from None
+
+    def check_config(self, meta: dict[str, Any]) -> None:
+        differing = config_differences(meta.get("config", {}), self.configs)
+        if differing:
+            raise PodracerError(
+                f"the checkpoint in {checkpoint_dir_of(self)} was made with another config: "
+                f"{', '.join(differing)}; rerun with the saved values or use a new --run-dir")
+
+    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Restore the state into the shapes, dtypes and shardings of `like`."""
+        ocp = self._ocp
+        step = self.latest_step() if step is None else step
+        meta = self.read_meta(step)
+        self.check_config(meta)
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        try:
+            state = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract))).state
+        except Exception as err:
+            raise PodracerError(
+                f"checkpoint {step} in {checkpoint_dir_of(self)} does not fit this run "
+                f"({type(err).__name__}); use the --run-dir it was made for, or a new one") from None
+        return state, meta
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def restore_on_host(state_dir: str) -> Any:
+    """A checkpoint's `state` item as plain nested containers of arrays on one device.
+
+    Works whatever the topology it was saved from (8 devices, 2 processes, a pod
+    slice): every array is restored whole onto this process's first device.
+    """
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.StandardCheckpointer()
+    tree = checkpointer.metadata(state_dir).item_metadata
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
+    return checkpointer.restore(state_dir, target)
+
+
+def checkpoint_dir_of(checkpointer: Checkpointer) -> str:
+    return str(checkpointer.manager.directory)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the training loop polls it between host calls."""
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopFlag]:
+    """Turn SIGTERM and SIGINT into a flag for the duration of the block.
+
+    The loop finishes the call in flight, saves, and exits with 128 + signal:
+    preemption (SIGTERM) and Ctrl-C both keep every step learned so far.
+    """
+    flag = StopFlag()
+
+    def handler(signum, _frame):
+        if flag.signal is not None:  # a second signal: stop waiting politely
+            raise KeyboardInterrupt
+        flag.signal = signum
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

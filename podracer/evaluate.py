@@ -1,0 +1,59 @@
+"""Evaluate a policy for whole episodes: the `eval` verb and tests."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podracer.errors import PodracerError
+
+
+def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> np.ndarray:
+    """Undiscounted return of the first episode of `episodes` parallel gymnax envs."""
+    from podracer.anakin.env import make_env
+
+    env = make_env(env_id)
+    horizon = int(env.params.max_steps_in_episode)
+
+    @jax.jit
+    def run(key):
+        reset_key, key = jax.random.split(key)
+        state, ts = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
+
+        def step(carry, key):
+            state, obs, total, alive = carry
+            act_key, env_key = jax.random.split(key)
+            action = act(obs, act_key)
+            state, ts = jax.vmap(env.step)(jax.random.split(env_key, episodes), state, action)
+            total = total + jnp.where(alive, ts.reward, 0.0)
+            alive = alive & ~(ts.terminated | ts.truncated)
+            return (state, ts.obs, total, alive), None
+
+        init = (state, ts.obs, jnp.zeros(episodes), jnp.ones(episodes, bool))
+        (_, _, total, _), _ = jax.lax.scan(step, init, jax.random.split(key, horizon))
+        return total
+
+    return np.asarray(run(jax.random.PRNGKey(seed)))
+
+
+def main(argv) -> int:
+    """`eval --run-dir=DIR --episodes=N`: print the mean return as a line and JSON."""
+    from podracer.cli import parse_section
+    from podracer.policy import EvalConfig, load_policy, run_config_of
+
+    config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")
+    if config.episodes <= 0:
+        raise PodracerError(f"--episodes must be positive, got {config.episodes}")
+    act = load_policy(config.run_dir, config.deterministic)
+    run = run_config_of(config.run_dir)["run"]
+    returns = gymnax_returns(act, run["env"], config.episodes, config.seed)
+    print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    print(json.dumps({"env": run["env"], "episodes": len(returns), "episode_return_mean": float(returns.mean()),
+                      "episode_return_std": float(returns.std())}))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,107 @@
+"""Several processes on loopback joined by jax.distributed, exactly as on a pod slice."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+from podracer.checkpoint import restore_on_host
+import pytest
+
+from conftest import LAUNCHER, PYTHON
+from podracer.orchestrate import free_port
+
+SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=512",
+         "--seed=3"]
+
+
+def _env(tmp_path):
+    return dict(os.environ)  # with the session's compilation cache (conftest)
+
+
+def _final(run_dir):
+    steps = sorted(int(n) for n in os.listdir(run_dir / "checkpoints") if n.isdigit())
+    return restore_on_host(str(run_dir / "checkpoints" / str(steps[-1]) / "state"))
+
+
+def test_two_processes_agree_and_match_one_process(tmp_path):
+    import jax
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    result = subprocess.run([PYTHON, LAUNCHER, *SMALL, "--num-processes=2", "--cpu-devices=2",
+                             f"--run-dir={two}"], capture_output=True, text=True, timeout=400,
+                            env=_env(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["updates"] == 4
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]  # bitwise the same on both processes
+    # Only process 0 writes the run files: one summary printed, metrics rows not doubled.
+    assert result.stdout.count("summary\n") == 1
+    rows = (two / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["env_steps"] for r in rows] == [256, 512]
+
+    result = subprocess.run([PYTHON, LAUNCHER, *SMALL, "--cpu-devices=4", f"--run-dir={one}"],
+                            capture_output=True, text=True, timeout=400, env=_env(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = _final(two), _final(one)
+    for x, y in zip(jax.tree.leaves(a["train"]["params"]), jax.tree.leaves(b["train"]["params"])):
+        np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4)
+    # The environments (sharded over both processes' devices) are in the same states.
+    np.testing.assert_allclose(a["obs"], b["obs"], rtol=1e-4, atol=1e-5)
+
+
+def _children(pid):
+    import psutil
+
+    return psutil.Process(pid).children()
+
+
+def test_killing_one_process_stops_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([PYTHON, LAUNCHER, "--num-envs=8", "--rollout-len=16",
+                             "--updates-per-call=1", "--total-steps=10000000",
+                             "--num-processes=2", "--cpu-devices=2", f"--run-dir={run_dir}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.stat().st_size > 0):
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+        time.sleep(0.2)
+    children = _children(proc.pid)
+    assert len(children) == 2
+    children[1].kill()  # process 1 dies mid-run
+    killed = time.monotonic()
+    _, stderr = proc.communicate(timeout=90)
+    assert time.monotonic() - killed < 60
+    assert proc.returncode != 0
+    assert "process 1 of 2 exited with status 9 (killed by signal SIGKILL)" in stderr
+    assert not children[0].is_running() or children[0].status() == "zombie"
+
+
+def test_a_joined_process_exits_when_its_peer_dies(tmp_path):
+    """Without the local orchestrator (separate hosts), jax.distributed's heartbeat ends the survivor."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    run_dir = tmp_path / "run"
+    args = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=1", "--total-steps=10000000",
+            "--num-processes=2", "--cpu-devices=2", f"--coordinator={coordinator}",
+            f"--run-dir={run_dir}"]
+    procs = [subprocess.Popen([PYTHON, LAUNCHER, *args, f"--process-id={i}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env=_env(tmp_path)) for i in range(2)]
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.stat().st_size > 0):
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.2)
+    procs[1].kill()
+    killed = time.monotonic()
+    _, stderr = procs[0].communicate(timeout=90)
+    procs[1].wait()
+    assert time.monotonic() - killed < 60
+    assert procs[0].returncode != 0
+    assert "another task died" in stderr or "unhealthy" in stderr
