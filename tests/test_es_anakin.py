@@ -145,6 +145,15 @@ def test_cli_run_writes_metrics_and_summary(tmp_path):
     for key in ("sps", "episode_return_mean", "mean_params_return", "wall_s"):
         assert summary[key] is not None
 
+    # The same command with a larger budget resumes from the last checkpoint.
+    result = _launch("--arch=anakin", "--algo=es", "--population=16", "--hidden", "16",
+                     "--generations-per-call=2", "--total-steps=64000", f"--run-dir={run_dir}")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_env_steps"] == 48_000 and summary["generations"] == 8
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["generations"] for row in rows] == [2, 4, 6, 8]
+
 
 def test_cli_reports_a_bad_es_flag_in_one_line():
     result = _launch("--arch=anakin", "--algo=es", "--population=7")
