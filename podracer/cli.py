@@ -23,6 +23,7 @@ from podracer.anakin.loop import AnakinConfig
 from podracer.checkpoint import CheckpointConfig
 from podracer.data.config import DataConfig
 from podracer.errors import Interrupted, PodracerError
+from podracer.es.config import VARIANTS, ESConfig
 from podracer.orchestrate import DistConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
@@ -32,6 +33,7 @@ from podracer.sebulba.config import SebulbaConfig
 SECTIONS: dict[str, type] = {
     "run": run_config.RunConfig,
     "ppo": PPOConfig,
+    "es": ESConfig,
     "anakin": AnakinConfig,
     "sebulba": SebulbaConfig,
     "optimizer": run_config.OptimConfig,
@@ -99,7 +101,8 @@ def _add_fields(parser: argparse.ArgumentParser, sections: dict[str, type]) -> N
                                    type=_typed(element), metavar=element.__name__.upper(),
                                    help=help_text)
             else:
-                choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS}.get(field.name)
+                choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS,
+                           "variant": VARIANTS}.get(field.name)
                 group.add_argument(_flag(field.name), dest=field.name, default=None,
                                    type=_typed(kind), choices=choices,
                                    metavar=kind.__name__.upper() if not choices else None,
@@ -198,8 +201,12 @@ def _trainer(arch: str, algo: str):
         from podracer.sebulba.train import train_ppo_from_configs
 
         return train_ppo_from_configs
+    if (arch, algo) == ("anakin", "es"):
+        from podracer.anakin.train_es import train_es
+
+        return train_es
     raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
-                        f"use --arch=anakin --algo=ppo")
+                        f"use --arch=anakin with --algo=ppo or --algo=es")
 
 
 # Launcher verbs handled by the TPU provisioner rather than by training.

@@ -1,7 +1,8 @@
 """Run outputs: `metrics.jsonl` per log interval, `summary.json` at the end, a progress line.
 
 Keys every architecture and algorithm writes (stable; later additions only add):
-`env_steps`, `sps`, `episode_return_mean`; the summary adds `wall_s`.
+`env_steps`, `sps`, `episode_return_mean`; the summary adds `wall_s`. Evolution
+strategies add `mean_params_return` (shown on the progress line) and `generations`.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class RunLogger:
         eta = (self.total_steps - steps) / sps if sps else float("nan")
         line = (f"steps {steps:>11,}/{self.total_steps:,}  {sps:>10,.0f} steps/s  "
                 f"return {self.last_return:>8.2f}  eta {eta:>6.1f}s")
+        if metrics.get("mean_params_return") is not None:  # evolution strategies
+            line += f"  mean params {metrics['mean_params_return']:>8.2f}"
         if self.interactive:
             self.stream.write("\r" + line)
         else:

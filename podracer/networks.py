@@ -1,7 +1,8 @@
 """Actor-critic networks: an MLP for vector observations, Nature-CNN for pixels.
 
-Every network maps a batch of observations to `(distribution, value)`, which is
-the `apply_fn` contract used by PPO, the actors and `load_policy`.
+Every actor-critic maps a batch of observations to `(distribution, value)`, which
+is the `apply_fn` contract used by PPO, the actors and `load_policy`. Evolution
+strategies use `make_policy_network` instead: a deterministic policy, no critic.
 """
 
 from __future__ import annotations
@@ -111,6 +112,34 @@ def make_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
         if min(spatial) >= 36:
             return CNNActorCritic(action_dim, channels_last=channels_last)
     return MLPActorCritic(action_dim, discrete, tuple(hidden), activation, len(obs_shape))
+
+
+class MLPPolicy(nn.Module):
+    """Deterministic policy for evolution strategies: observation -> action.
+
+    The actor MLP and head of `MLPActorCritic` without the critic, whose
+    parameters ES would only perturb for nothing. Discrete actions are the argmax
+    of the logits; continuous actions are the head's output, which the
+    environment clips to its bounds (the mode of the PPO policy's Gaussian).
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    obs_rank: int = 1
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
+        out = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(x))
+        return jnp.argmax(out, axis=-1) if self.discrete else out
+
+
+def make_policy_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
+                        hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> nn.Module:
+    """`MLPPolicy` for any observation shape (frames are flattened)."""
+    return MLPPolicy(action_dim, discrete, tuple(hidden), activation, len(obs_shape))
 
 
 def init_params(network: nn.Module, obs_shape: Sequence[int], obs_dtype, key: jax.Array):

@@ -37,6 +37,12 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
         "num_envs": 24, "rollout_len": 128, "epochs": 10, "minibatches": 8, "lr": 3e-4,
         "ent_coef": 0.0, "clip_value": False, "normalize_observations": True,
         "total_steps": 1_000_000, "env_threads": 2, "log_every": 5},
+    # OpenAI-ES, 64 members: the mean parameters reach 500 within about 15
+    # generations; 50 generations take a few seconds after a few seconds' compile.
+    ("anakin", "es", "CartPole-v1"): {"generations_per_call": 5, "total_steps": 1_600_000},
+    # From about -1,000 to about -200 in 800 generations (10M steps): seconds on a CPU.
+    ("anakin", "es", "Pendulum-v1"): {
+        "hidden": (32, 32), "generations_per_call": 50, "total_steps": 10_000_000},
 }
 
 

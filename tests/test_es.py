@@ -62,6 +62,11 @@ def test_antithetic_pairs_and_regeneration_by_index():
     for i in range(6):  # any device can regenerate any member from (key, index)
         np.testing.assert_array_equal(member_noise(KEY, i, 5), noise[i])
     np.testing.assert_array_equal(es.population_noise(KEY, jnp.array([3, 4]), 5), noise[3:5])
+    # Contiguous blocks share pair draws; any other order takes the general path.
+    for members in ([1, 2, 3], [2, 3, 4, 5], [0], [4, 1, 5], [2, 2]):
+        np.testing.assert_array_equal(
+            es.population_noise(KEY, jnp.array(members), 5), noise[np.array(members)]
+        )
     assert not np.allclose(es.member_noise(jax.random.key(1), 0, 5), noise[0])
 
 

@@ -11,10 +11,13 @@ a network's parameters with `jax.flatten_util.ravel_pytree`:
     fitness = jax.vmap(lambda p: episode_return(unravel(p)))(population)
     state, metrics = strategy.tell(state, key, fitness)  # same key as `ask`
 
-Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`.
+Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`. From
+settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`; Anakin ES
+(gymnax rollouts on every device) is `podracer.anakin.es.make_anakin_es`.
 """
 
 from podracer.es.ars import ARSState, ars_step, make_ars
+from podracer.es.config import VARIANTS, ESConfig, make_strategy
 from podracer.es.noise import (
     all_pair_noise,
     antithetic_sign,
@@ -38,9 +41,11 @@ from podracer.es.strategy import Strategy, fitness_metrics
 
 __all__ = (
     "ARSState",
+    "ESConfig",
     "OpenAIESState",
     "RunningStats",
     "Strategy",
+    "VARIANTS",
     "all_pair_noise",
     "antithetic_sign",
     "ars_step",
@@ -51,6 +56,7 @@ __all__ = (
     "make_openai_es",
     "make_sharded_step",
     "make_sharded_step_normalized",
+    "make_strategy",
     "member_noise",
     "merge_stats",
     "normalize",

@@ -1,0 +1,198 @@
+"""Anakin ES: every device rolls out its slice of the population, in one jitted call.
+
+A member's fitness is the mean return of `episodes_per_member` episodes of its
+deterministic policy, each a `lax.scan` of `horizon` steps on a gymnax env. The
+scan keeps stepping after an episode ends (the env auto-resets), but rewards
+stop counting at the first step that ends it (terminated or truncated), so the
+return is that of exactly one complete, or horizon-cut, episode. All of a
+device's members and episodes are vmapped; the ES protocol
+(`podracer.es.make_sharded_step`) does ask -> evaluate -> all-gather of the
+fitness scalars -> tell, `generations_per_call` times per host call. The same
+call then evaluates the new mean parameters (`mean_params_return`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, PartitionSpec as P
+
+from podracer import es, parallel
+from podracer.anakin.env import GymnaxEnv
+from podracer.errors import PodracerError
+from podracer.es.config import ESConfig, make_strategy
+from podracer.es.normalizer import RunningStats
+
+ActFn = Callable[[Any, jax.Array], jax.Array]
+
+
+class ESRunner(NamedTuple):
+    """Everything an Anakin ES run carries between calls; replicated on every device."""
+
+    strategy: Any  # the strategy's state (its `mean` is the flat policy parameters)
+    obs_stats: RunningStats  # read and updated by ARS V2 only
+    key: jax.Array
+
+
+class ESLayout(NamedTuple):
+    """Sizes derived from the config, the environment and the mesh."""
+
+    num_devices: int
+    members_per_device: int
+    horizon: int
+    steps_per_generation: int  # global env steps simulated by the population
+
+
+def episode_horizon(env: GymnaxEnv, config: ESConfig) -> int:
+    """`config.horizon`, or the environment's own time limit when it is 0."""
+    if config.horizon:
+        return config.horizon
+    limit = getattr(getattr(env, "params", None), "max_steps_in_episode", None)
+    if not limit:
+        raise PodracerError(f"{env.env_id} has no episode time limit to default to; pass --horizon")
+    return int(limit)
+
+
+def make_es_layout(config: ESConfig, env: GymnaxEnv, mesh: Mesh) -> ESLayout:
+    num_devices = mesh.devices.size
+    members = parallel.split_evenly(config.population, num_devices, "population members",
+                                    "--population")
+    horizon = episode_horizon(env, config)
+    steps = config.population * config.episodes_per_member * horizon
+    return ESLayout(num_devices, members, horizon, steps)
+
+
+def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool,
+                    axis_names=()):
+    """`episode(params, key, obs_stats) -> (return, seen)`: one episode of a policy.
+
+    Args:
+      env: the Anakin environment (auto-resetting `step`).
+      act_fn: `act_fn(params, obs) -> action`, deterministic, unbatched.
+      horizon: scan length; an episode still running then is cut there.
+      normalize: feed the policy `es.normalize(obs_stats, obs)` and report `seen`,
+        the `es.observation_stats` of the raw observations acted on before the
+        episode ended (ARS V2). Otherwise `obs_stats` is ignored and `seen` is `()`.
+      axis_names: the mesh axes the caller runs under, if any: the scan's initial
+        carry is marked per-device so it types like the per-device values it
+        becomes (`parallel.vary`).
+    """
+
+    def episode(params, key: jax.Array, obs_stats: RunningStats):
+        reset_key, steps_key = jax.random.split(key)
+        env_state, timestep = env.reset(reset_key)
+
+        def step(carry, step_key):
+            env_state, obs, episode_return, alive = carry
+            policy_obs = obs
+            if normalize:
+                policy_obs = es.normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
+            env_state, timestep = env.step(step_key, env_state, act_fn(params, policy_obs))
+            episode_return = episode_return + alive * timestep.reward
+            ended = jnp.logical_or(timestep.terminated, timestep.truncated)
+            next_alive = alive * (1.0 - ended.astype(jnp.float32))
+            return (env_state, timestep.obs, episode_return, next_alive), (obs, alive)
+
+        zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
+        carry = parallel.vary((env_state, timestep.obs, zero, one), axis_names)
+        (_, _, episode_return, _), (obs_t, alive_t) = jax.lax.scan(
+            step, carry, jax.random.split(steps_key, horizon))
+        seen = es.observation_stats(obs_t.reshape(horizon, -1), alive_t) if normalize else ()
+        return episode_return, seen
+
+    return episode
+
+
+def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normalize: bool):
+    """`fitness(flat_params, key, obs_stats) -> (fitness, seen)` of one member.
+
+    Fitness is the mean return of `episodes_per_member` episodes of
+    `episode` (from `make_episode_fn`) with the parameters `unravel(flat_params)`,
+    on keys split from `key`; `seen` merges their observation statistics (`()`
+    unless `normalize`). Parameters are unravelled once, outside the step loop.
+    """
+
+    def fitness(flat_params, key, obs_stats):
+        if episodes_per_member == 1:  # no batch axis of size 1 through every step
+            return episode(unravel(flat_params), key, obs_stats)
+        keys = jax.random.split(key, episodes_per_member)
+        returns, seen = jax.vmap(episode, in_axes=(None, 0, None))(
+            unravel(flat_params), keys, obs_stats)
+        return jnp.mean(returns), (es.reduce_stats(seen) if normalize else ())
+
+    return fitness
+
+
+def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+                   strategy: es.Strategy | None = None):
+    """Build the jitted `init(key) -> runner` and `step(runner) -> (runner, metrics)`.
+
+    `step` runs `config.generations_per_call` generations over every device of
+    `mesh` and donates its input. Its metrics are the strategy's, stacked over
+    those generations (`fitness_mean`, `fitness_max`, ...), plus the scalar
+    `mean_params_return`: the new mean parameters' mean return over
+    `config.eval_episodes` episodes (split over the devices).
+
+    `strategy` replaces the one `config` describes (`make_strategy(config)`), e.g.
+    a custom `init / ask / tell` whose state has the flat policy parameters in
+    `mean`; its population must be `config.population`.
+    """
+    layout = make_es_layout(config, env, mesh)
+    strategy = make_strategy(config) if strategy is None else strategy
+    if strategy.population_size != config.population:
+        raise PodracerError(f"the strategy's population ({strategy.population_size}) differs "
+                            f"from --population={config.population}")
+    normalize = config.normalize_observations
+    axes = (parallel.DATA_AXIS,)
+    obs_dim = math.prod(env.spec.obs_shape)
+    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
+    shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
+    _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+    episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
+    member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, normalize)
+
+    if normalize:
+        generations = es.make_sharded_step_normalized(
+            strategy, member_fitness, mesh, generations_per_call=config.generations_per_call)
+    else:
+        sharded = es.make_sharded_step(
+            strategy, lambda params, key: member_fitness(params, key, None)[0], mesh,
+            generations_per_call=config.generations_per_call)
+
+        def generations(state, obs_stats, key):
+            state, metrics = sharded(state, key)
+            return state, obs_stats, metrics
+
+    # Evaluation episodes are split over the devices by global index, so the
+    # figure does not depend on the device count.
+    eval_per_device = -(-config.eval_episodes // layout.num_devices)
+
+    def evaluate_mean(mean, obs_stats, key):
+        index = parallel.axis_offset(eval_per_device, axes) + jnp.arange(eval_per_device)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
+        returns, _ = jax.vmap(episode, in_axes=(None, 0, None))(unravel(mean), keys, obs_stats)
+        total = parallel.psum(jnp.sum(jnp.where(index < config.eval_episodes, returns, 0.0)), axes)
+        return total / config.eval_episodes
+
+    evaluate_mean = jax.shard_map(evaluate_mean, mesh=mesh, in_specs=P(), out_specs=P())
+
+    def init(key):
+        param_key, run_key = jax.random.split(key)
+        flat, _ = ravel_pytree(policy.init(param_key, dummy_obs))
+        return ESRunner(strategy.init(flat), es.init_running_stats(obs_dim), run_key)
+
+    def step(runner: ESRunner):
+        key, generations_key, eval_key = jax.random.split(runner.key, 3)
+        state, obs_stats, metrics = generations(runner.strategy, runner.obs_stats,
+                                                generations_key)
+        metrics = dict(metrics, mean_params_return=evaluate_mean(state.mean, obs_stats, eval_key))
+        return ESRunner(state, obs_stats, key), metrics
+
+    everywhere = parallel.replicated(mesh)
+    return (jax.jit(init, out_shardings=everywhere),
+            jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))

@@ -1,0 +1,85 @@
+"""ES settings: one frozen dataclass, and the strategy it describes.
+
+Nothing here knows about devices or environments; the architecture splits the
+population over its devices and picks the episode horizon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optax
+
+from podracer.es.ars import make_ars
+from podracer.es.openai_es import make_openai_es
+from podracer.es.strategy import Strategy
+
+VARIANTS = ("openai", "ars_v1", "ars_v2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ESConfig:
+    """Evolution strategies: OpenAI-ES (Salimans et al. 2017) or ARS (Mania et al. 2018).
+
+    Fitness, the mean return of a member's episodes, is maximised. The policy is
+    the deterministic MLP of `podracer.networks.make_policy_network`, sized by
+    the network section (`--hidden`, `--activation`).
+    """
+
+    variant: str = "openai"
+    """openai (Adam on the search gradient), ars_v1 (ARS) or ars_v2 (ARS with online observation normalisation)."""
+    population: int = 64
+    """Members per generation, even (antithetic pairs: for ARS, twice the directions); split evenly over every device."""
+    sigma: float = 0.05
+    """Standard deviation of the parameter perturbations (ARS's exploration noise nu)."""
+    es_lr: float = 0.03
+    """OpenAI-ES: Adam's learning rate on the search gradient. ARS: the step size alpha. (--lr is PPO's optimiser.)"""
+    top_directions: int = 0
+    """ARS only: directions kept for the update (b); 0 keeps all of them."""
+    weight_decay: float = 0.0
+    """OpenAI-ES only: L2 coefficient on the mean parameters."""
+    episodes_per_member: int = 1
+    """Episodes each member is evaluated on; its fitness is their mean return."""
+    horizon: int = 0
+    """Environment steps per evaluation episode (0: the environment's own time limit)."""
+    generations_per_call: int = 10
+    """Generations fused into one jitted call; the host syncs (and logs) between calls."""
+    eval_episodes: int = 16
+    """Episodes the mean parameters are evaluated on after each call (mean_params_return)."""
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.population < 2 or self.population % 2:
+            raise ValueError(f"population must be even and >= 2 (antithetic pairs), "
+                             f"got {self.population}")
+        for name in ("sigma", "es_lr", "episodes_per_member", "generations_per_call",
+                     "eval_episodes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.horizon < 0:
+            raise ValueError(f"horizon must be >= 0 (0: the environment's limit), got {self.horizon}")
+        if self.variant == "openai" and self.top_directions:
+            raise ValueError("top_directions applies to the ARS variants only; "
+                             "drop it or choose variant ars_v1/ars_v2")
+        if self.variant != "openai" and self.weight_decay:
+            raise ValueError("weight_decay applies to variant openai only; drop it for ARS")
+        if not 0 <= self.top_directions <= self.population // 2:
+            raise ValueError(f"top_directions must be between 0 and population / 2 = "
+                             f"{self.population // 2}, got {self.top_directions}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+    @property
+    def normalize_observations(self) -> bool:
+        """ARS V2 reads observations through running statistics; the others read them raw."""
+        return self.variant == "ars_v2"
+
+
+def make_strategy(config: ESConfig) -> Strategy:
+    """The `init / ask / tell` strategy `config` describes (fitness maximised)."""
+    if config.variant == "openai":
+        return make_openai_es(config.population, config.sigma, optax.adam(config.es_lr),
+                              config.weight_decay)
+    directions = config.population // 2
+    return make_ars(directions, config.top_directions or directions, config.es_lr, config.sigma)
