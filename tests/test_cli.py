@@ -35,6 +35,10 @@ BAD_INVOCATIONS = {
     "eval of a missing run": ["eval", "--run-dir=/nonexistent/podracer-run"],
     "eval of zero episodes": ["eval", "--episodes=0"],
     "eval with a training flag": ["eval", "--num-envs=4"],
+    "sebulba overlapping devices": ["--arch=sebulba", "--actor-devices", "0", "--learner-devices", "0", "1"],
+    "sebulba device out of range": ["--arch=sebulba", "--actor-devices", "9"],
+    "sebulba unknown env": ["--arch=sebulba", "--env=Pongg-v5"],
+    "es zero population": ["--algo=es", "--population=0"],
 }
 
 
