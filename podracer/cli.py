@@ -27,6 +27,7 @@ from podracer.es.config import VARIANTS, ESConfig
 from podracer.orchestrate import DistConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
+from podracer.sebulba.config import SebulbaConfig
 
 # Every config class the command line fills, by the name its section has in --help.
 SECTIONS: dict[str, type] = {
@@ -34,6 +35,7 @@ SECTIONS: dict[str, type] = {
     "ppo": PPOConfig,
     "es": ESConfig,
     "anakin": AnakinConfig,
+    "sebulba": SebulbaConfig,
     "optimizer": run_config.OptimConfig,
     "network": run_config.NetworkConfig,
     "checkpoint": CheckpointConfig,
@@ -195,6 +197,10 @@ def _trainer(arch: str, algo: str):
         from podracer.anakin.train import train_ppo
 
         return train_ppo
+    if (arch, algo) == ("sebulba", "ppo"):
+        from podracer.sebulba.train import train_ppo_from_configs
+
+        return train_ppo_from_configs
     if (arch, algo) == ("anakin", "es"):
         from podracer.anakin.train_es import train_es
 

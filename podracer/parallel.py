@@ -19,6 +19,9 @@ from podracer.errors import PodracerError
 # population members (ES) are split along this axis.
 DATA_AXIS = "data"
 
+# Time-major [T, B, ...] experience is split along B, its second dimension.
+TIME_MAJOR_SPEC = P(None, DATA_AXIS)
+
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, axis: str = DATA_AXIS) -> Mesh:
     """A one-axis mesh over `devices` (default: every device of every process).
@@ -40,6 +43,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def sharded(mesh: Mesh, axis: str = DATA_AXIS) -> NamedSharding:
     """Sharding of an array split along its leading dimension over `axis`."""
     return NamedSharding(mesh, P(axis))
+
+
+def time_major_sharded(mesh: Mesh, axis: str = DATA_AXIS) -> NamedSharding:
+    """Sharding of a time-major [T, B, ...] array split along its batch dimension B."""
+    return NamedSharding(mesh, P(None, axis))
 
 
 def split_evenly(total: int, parts: int, what: str, flag: str) -> int:

@@ -84,7 +84,9 @@ def make_anakin(
     `episode_return_sum` and `episode_length_sum` of episodes that ended.
     """
     layout = make_layout(config, ppo_config, mesh)
-    axes = (parallel.DATA_AXIS,)
+    # On one device there is nothing to average: no collectives at all (XLA keeps
+    # even single-participant all-reduces, and each costs a rendezvous).
+    axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 else ()
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
     act = make_act(apply_fn, ppo_config)
@@ -139,7 +141,9 @@ def make_anakin(
         return jax.lax.scan(train_step, runner, length=config.updates_per_call)
 
     specs = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS), key=P())
-    init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=specs))
-    train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(specs,), out_specs=(specs, P())),
-                            donate_argnums=0)
+    # With no axes there is no collective to prove replication by; one device is replicated anyway.
+    check = bool(axes)
+    init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=check))
+    train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(specs,), out_specs=(specs, P()),
+                                          check_vma=check), donate_argnums=0)
     return init_sharded, train_sharded

@@ -1,0 +1,144 @@
+"""Actor threads: step an envpool batch with the latest policy, ship trajectories to the learner.
+
+Each actor thread owns its environments, its policy copy on its actor device
+and a queue that holds one trajectory. It refreshes its parameters once per
+trajectory, so every row of a trajectory carries the same policy version.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from podracer import parallel
+from podracer.ppo import PPOConfig, make_act
+from podracer.sebulba.control import Control
+from podracer.sebulba.envs import EnvPoolEnvs
+from podracer.sebulba.params import ParamsStore
+from podracer.sebulba.trajectory import TrajectoryBuilder
+from podracer.timing import Timings
+from podracer.types import Transition
+
+
+class Trajectory(NamedTuple):
+    """What an actor ships: experience already on the learner devices, and its bookkeeping."""
+
+    batch: Transition  # [T, N, ...], split along N over the learner devices
+    bootstrap_value: jax.Array  # [N], split the same way
+    policy_version: int  # updates applied to the parameters that acted
+    actor_id: int
+    episode_returns: np.ndarray  # episodes that ended while it was collected
+    episode_lengths: np.ndarray
+    dropped_steps: int
+    reset_steps: int
+
+
+class ActorSettings(NamedTuple):
+    rollout_len: int
+    synchronous: bool  # wait for the update of each trajectory before acting again
+
+
+def make_policy_step(apply_fn: Callable, ppo_config: PPOConfig) -> Callable:
+    """Jitted `(params, obs_stats, obs, key) -> (key, packed)`; `unpack_policy_output` reads `packed`.
+
+    The key is split on the device and the action, log-probability and value
+    come back as one float32 [M, action_size + 2] array: acting costs one
+    dispatch and one device-to-host copy per step.
+    """
+    act = make_act(apply_fn, ppo_config)
+
+    def policy_step(params, obs_stats, obs, key):
+        key, act_key = jax.random.split(key)
+        action, log_prob, value = act(params, obs_stats, obs, jax.random.split(act_key, obs.shape[0]))
+        columns = action.reshape(action.shape[0], -1).astype(jnp.float32)
+        return key, jnp.concatenate([columns, log_prob[:, None], value[:, None]], axis=1)
+
+    return jax.jit(policy_step)
+
+
+def unpack_policy_output(packed: np.ndarray, discrete: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(action, log_prob, value) from `make_policy_step`'s packed array (discrete actions are exact in float32)."""
+    action = packed[:, 0].astype(np.int32) if discrete else packed[:, :-2]
+    return action, packed[:, -2], packed[:, -1]
+
+
+def put_until_stopped(out: queue.Queue, item, stop: threading.Event, poll_s: float = 0.05) -> bool:
+    """Block until `item` is queued (True) or `stop` is set (False)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=poll_s)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device: jax.Device,
+              policy_step: Callable, store: ParamsStore, out: queue.Queue, learner_mesh: Mesh,
+              key: jax.Array, control: Control, timings: Timings) -> None:
+    """The body of one actor thread: acts on `envs` (and closes them) until `control` says stop."""
+    try:
+        spec = envs.spec
+        action_shape, action_dtype = ((), np.int32) if spec.discrete else ((spec.action_dim,), np.float32)
+        builder = TrajectoryBuilder(settings.rollout_len, envs.num_envs, spec.obs_shape,
+                                    spec.obs_dtype, action_shape, action_dtype)
+        batch_sharding = parallel.time_major_sharded(learner_mesh)
+        bootstrap_sharding = parallel.sharded(learner_mesh)
+        with timings.measure("actor_params_wait"):
+            policy = store.wait_for(0, device, control.stop)
+        key = jax.device_put(key, device)
+        returns, lengths = [], []
+        produced = 0
+
+        def act(obs):
+            nonlocal key
+            with timings.measure("inference"):
+                key, packed = policy_step(policy.params, policy.obs_stats, obs, key)
+                return unpack_policy_output(np.asarray(packed), spec.discrete)
+
+        envs.start()
+        while policy is not None and not control.stop.is_set():
+            with timings.measure("env_step"):
+                step = envs.recv()
+            builder.record_results(step.env_ids, step.reward, step.terminated, step.truncated)
+            if step.episode_done.any():
+                returns.append(step.episode_return[step.episode_done])
+                lengths.append(step.episode_length[step.episode_done])
+            obs_is_final = step.terminated | step.truncated
+            action, log_prob, value = act(step.obs)
+            builder.record_actions(step.env_ids, step.obs, obs_is_final, action, log_prob, value)
+            if builder.full:
+                rollout = builder.take()
+                with timings.measure("actor_to_learner"):
+                    batch = jax.device_put(rollout.batch, batch_sharding)
+                    bootstrap = jax.device_put(rollout.bootstrap_value, bootstrap_sharding)
+                trajectory = Trajectory(batch, bootstrap, policy.version, actor_id,
+                                        _concat(returns, np.float32), _concat(lengths, np.int32),
+                                        rollout.dropped_steps, rollout.reset_steps)
+                returns, lengths = [], []
+                with timings.measure("actor_queue_wait"):
+                    if not put_until_stopped(out, trajectory, control.stop):
+                        break
+                produced += 1
+                with timings.measure("actor_params_wait"):
+                    policy = store.wait_for(produced if settings.synchronous else 0, device, control.stop)
+                if policy is None:
+                    break
+                # The next trajectory starts from these observations, acted on by the new policy.
+                action, log_prob, value = act(step.obs)
+                builder.record_actions(step.env_ids, step.obs, obs_is_final, action, log_prob, value)
+            with timings.measure("env_step"):
+                envs.send(action, step.env_ids)
+    finally:
+        envs.close()
+
+
+def _concat(chunks: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(chunks).astype(dtype) if chunks else np.zeros((0,), dtype)
+

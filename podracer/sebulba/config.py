@@ -1,0 +1,119 @@
+"""Sebulba's settings, and the device split and sizes derived from them.
+
+Sizes are global, as in Anakin: `num_envs` environments over every actor thread
+and `num_envs * rollout_len` transitions per update, whatever the device split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Sequence
+
+import jax
+
+from podracer.errors import PodracerError
+from podracer.ppo.config import PPOConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SebulbaConfig:
+    """How Sebulba produces experience: actor threads on host environments, separate learners."""
+
+    num_envs: int = 24
+    """Environments over all actor threads, split evenly between them."""
+    rollout_len: int = 128
+    """Transitions per environment in each trajectory an actor ships to the learner."""
+    actor_devices: tuple[int, ...] = ()
+    """Indices into jax.local_devices() that run the actors' policy (default: device 0)."""
+    learner_devices: tuple[int, ...] = ()
+    """Indices into jax.local_devices() that run the update (default: the devices that do not act)."""
+    actor_threads: int = 1
+    """Actor threads per actor device; each owns an envpool batch and a queue of one trajectory."""
+    env_threads: int = 1
+    """envpool worker threads per actor thread (0: envpool's own default)."""
+    async_envs: bool = False
+    """Step half of a thread's environments while the policy acts on the other half."""
+    synchronous: bool = False
+    """Actors wait for every update before acting again: policy lag 0, deterministic for a seed."""
+    log_every: int = 1
+    """Updates between two rows of metrics.jsonl."""
+
+
+class DeviceSplit(NamedTuple):
+    actor: tuple[jax.Device, ...]
+    learner: tuple[jax.Device, ...]  # the same single device as `actor` when there is only one
+
+
+def _check_indices(indices: Sequence[int], flag: str, num_devices: int) -> None:
+    bad = [i for i in indices if not 0 <= i < num_devices]
+    if bad:
+        raise PodracerError(f"{flag}={','.join(map(str, indices))}: index {bad[0]} is out of range; "
+                            f"this host has {num_devices} devices (0..{num_devices - 1})")
+    if len(set(indices)) != len(indices):
+        raise PodracerError(f"{flag}={','.join(map(str, indices))} lists a device twice; list each once")
+
+
+def split_devices(config: SebulbaConfig, devices: Sequence[jax.Device]) -> DeviceSplit:
+    """Actor and learner devices from `config`'s indices into `devices`.
+
+    Defaults: device 0 acts and every other device learns (on a TPU VM one core
+    acts and the rest learn; on 8 forced CPU devices, 1 and 7). With a single
+    device, actors and learner share it, the one case where they overlap: lists
+    given explicitly must not overlap. Giving only one list makes the other
+    default to the remaining devices (to the same device when none remain).
+    """
+    devices = list(devices)
+    n = len(devices)
+    actor, learner = list(config.actor_devices), list(config.learner_devices)
+    _check_indices(actor, "--actor-devices", n)
+    _check_indices(learner, "--learner-devices", n)
+    if actor and learner:
+        overlap = sorted(set(actor) & set(learner))
+        if overlap:
+            raise PodracerError(f"device {overlap[0]} is in both --actor-devices and --learner-devices; "
+                                f"give each device one role")
+    if not actor:
+        rest = [i for i in range(n) if i not in learner]
+        actor = rest[:1] or learner[:1]
+    if not learner:
+        learner = [i for i in range(n) if i not in actor] or list(actor)
+    return DeviceSplit(tuple(devices[i] for i in actor), tuple(devices[i] for i in learner))
+
+
+class Layout(NamedTuple):
+    """Sizes derived from the config and the device split, never written back."""
+
+    num_actor_threads: int
+    envs_per_thread: int
+    env_batch: int  # environments per envpool recv (half of them with async_envs)
+    steps_per_update: int  # transitions per update, over every actor thread
+
+
+def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit) -> Layout:
+    for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len),
+                        ("--actor-threads", config.actor_threads), ("--log-every", config.log_every)):
+        if value <= 0:
+            raise PodracerError(f"{flag} must be positive, got {value}")
+    if config.env_threads < 0:
+        raise PodracerError(f"--env-threads must be >= 0, got {config.env_threads}")
+    threads = len(split.actor) * config.actor_threads
+    if config.num_envs % threads:
+        raise PodracerError(
+            f"--num-envs={config.num_envs} does not split over {threads} actor threads "
+            f"({len(split.actor)} actor devices x --actor-threads={config.actor_threads}); "
+            f"use a multiple of {threads}")
+    per_thread = config.num_envs // threads
+    learners = len(split.learner)
+    if per_thread % learners:
+        raise PodracerError(
+            f"each actor thread's {per_thread} environments do not split over {learners} learner "
+            f"devices; make --num-envs a multiple of {threads * learners}")
+    if config.async_envs and per_thread % 2:
+        raise PodracerError(f"--async-envs steps half of each thread's {per_thread} environments "
+                            f"at a time; use an even number per thread")
+    if config.rollout_len % ppo_config.minibatches:
+        raise PodracerError(
+            f"--rollout-len={config.rollout_len} does not split into --minibatches="
+            f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
+    env_batch = per_thread // 2 if config.async_envs else per_thread
+    return Layout(threads, per_thread, env_batch, config.num_envs * config.rollout_len)

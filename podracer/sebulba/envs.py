@@ -1,0 +1,135 @@
+"""envpool environments for Sebulba actors: one batch per actor thread, stepped with send/recv.
+
+envpool auto-resets in a way that shapes everything downstream. When a step ends
+an episode (terminated or truncated) it returns the episode's *final*
+observation; the next step for that environment ignores its action, resets, and
+returns the first observation of the next episode with reward 0. Atari with
+`episodic_life` does the same on every life lost. `EnvStep` passes this on
+unchanged; `podracer.sebulba.trajectory` turns it into learnable transitions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from podracer.anakin.env import EnvSpec
+from podracer.errors import PodracerError
+
+
+class EnvStep(NamedTuple):
+    """What one `recv` returns for the M environments `env_ids`.
+
+    `reward`, `terminated`, `truncated` answer the action last sent to each of
+    them (on Atari: clipped reward, and a life lost counts as terminated). When
+    `terminated | truncated`, `obs` is the episode's final observation and the
+    next action sent is ignored. `episode_done` marks the end of a real episode
+    (on Atari: game over), with its `episode_return` (the unclipped game score)
+    and `episode_length` (agent steps, reset steps excluded).
+    """
+
+    env_ids: np.ndarray  # [M] int32
+    obs: np.ndarray  # [M, *obs_shape]
+    reward: np.ndarray  # [M] float32
+    terminated: np.ndarray  # [M] bool
+    truncated: np.ndarray  # [M] bool
+    episode_done: np.ndarray  # [M] bool
+    episode_return: np.ndarray  # [M] float32, meaningful where episode_done
+    episode_length: np.ndarray  # [M] int32, meaningful where episode_done
+
+
+def _make_spec(env_id: str):
+    import envpool
+
+    known = envpool.list_all_envs()
+    if env_id not in known:
+        close = difflib.get_close_matches(env_id, known, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise PodracerError(f"unknown envpool environment {env_id!r}{hint}; "
+                            f"pass --env with an id from envpool.list_all_envs()")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium's float64 -> float32 bound notices
+        return envpool.make_spec(env_id)
+
+
+def is_atari(env_id: str) -> bool:
+    return "episodic_life" in _make_spec(env_id)._config_keys
+
+
+def env_spec(env_id: str) -> EnvSpec:
+    """Spaces of an envpool environment; float64 observations are delivered as float32."""
+    spec = _make_spec(env_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium's float64 -> float32 bound notices
+        obs_space, action_space = spec.observation_space, spec.action_space
+    discrete = hasattr(action_space, "n")
+    obs_dtype = np.float32 if obs_space.dtype == np.float64 else obs_space.dtype
+    if discrete:
+        return EnvSpec(tuple(obs_space.shape), obs_dtype, int(action_space.n), True, None, None)
+    shape = action_space.shape
+    return EnvSpec(tuple(obs_space.shape), obs_dtype, int(np.prod(shape)), False,
+                   np.broadcast_to(np.asarray(action_space.low, np.float32), shape),
+                   np.broadcast_to(np.asarray(action_space.high, np.float32), shape))
+
+
+class EnvPoolEnvs:
+    """A batch of `num_envs` envpool environments, `batch_size` of them returned per `recv`.
+
+    With `batch_size == num_envs` every `recv` returns all of them in env-id
+    order (synchronous stepping); smaller batches return whichever finished first.
+    Atari runs with episodic life and clipped rewards for training, and reports
+    the unclipped game score per game.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, batch_size: int, num_threads: int, seed: int):
+        import envpool
+
+        self.spec = env_spec(env_id)
+        self.atari = is_atari(env_id)
+        options = dict(episodic_life=True, reward_clip=True) if self.atari else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs,
+                                      batch_size=batch_size, num_threads=num_threads, seed=seed,
+                                      **options)
+            self._pool.observation_space  # built on first use; here, where its notices are silenced
+        self.num_envs = num_envs
+        self._return = np.zeros(num_envs, np.float32)
+        self._length = np.zeros(num_envs, np.int32)
+        # The next result of an environment is a reset (after an episode end, or the first).
+        self._resetting = np.ones(num_envs, bool)
+
+    def start(self) -> None:
+        """Reset every environment; results arrive through `recv`."""
+        self._pool.async_reset()
+
+    def send(self, action: np.ndarray, env_ids: np.ndarray) -> None:
+        if not self.spec.discrete:
+            action = np.clip(action, self.spec.action_low, self.spec.action_high)
+        self._pool.send(np.asarray(action), env_ids)
+
+    def recv(self) -> EnvStep:
+        obs, reward, terminated, truncated, info = self._pool.recv()
+        ids = np.asarray(info["env_id"], np.int32)
+        reward = np.asarray(reward, np.float32)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        if obs.dtype == np.float64:
+            obs = obs.astype(np.float32)
+        # A reset step pays 0 (in the game score too) and is no agent step.
+        score = np.asarray(info["reward"], np.float32) if self.atari else reward
+        episode_return = self._return[ids] + score
+        episode_length = self._length[ids] + ~self._resetting[ids]
+        game_over = np.asarray(info["terminated"], bool) if self.atari else terminated
+        episode_done = game_over | truncated
+        self._return[ids] = np.where(episode_done, 0.0, episode_return)
+        self._length[ids] = np.where(episode_done, 0, episode_length)
+        self._resetting[ids] = terminated | truncated
+        return EnvStep(ids, obs, reward, terminated, truncated, episode_done, episode_return,
+                       episode_length)
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,96 @@
+"""The learner: Anakin's pure PPO update under `jit(shard_map)` over the learner devices only."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from podracer import parallel
+from podracer.ppo import PPOConfig, make_update
+from podracer.sebulba.actor import Trajectory
+from podracer.sebulba.control import Control
+from podracer.sebulba.params import ParamsStore
+from podracer.timing import Timings
+from podracer.types import TrainState, Transition
+
+
+def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
+                      ppo_config: PPOConfig, mesh: Mesh) -> Callable:
+    """Jitted `step(state, batches, bootstrap_values, key) -> (state, metrics)`.
+
+    `batches` is a tuple with one time-major Transition per actor thread, each
+    split along its batch axis over `mesh` (`parallel.time_major_sharded`), and
+    `bootstrap_values` the matching tuple of [N] arrays (`parallel.sharded`).
+    Every learner device joins its shards of all of them into one local batch
+    and runs `ppo.make_update`, which averages gradients over the mesh with
+    `lax.pmean`. `state` is replicated over the mesh.
+    """
+    update = make_update(apply_fn, optimizer, ppo_config, axis_names=(parallel.DATA_AXIS,))
+
+    def step(state: TrainState, batches: tuple[Transition, ...], bootstrap_values, key):
+        batch = jax.tree.map(lambda *parts: jnp.concatenate(parts, axis=1), *batches)
+        return update(state, batch, jnp.concatenate(bootstrap_values), key)
+
+    sharded = jax.shard_map(
+        step, mesh=mesh,
+        in_specs=(P(), parallel.TIME_MAJOR_SPEC, P(parallel.DATA_AXIS), P()),
+        out_specs=(P(), P()))
+    return jax.jit(sharded)
+
+
+def trajectory_shapes(example: Transition, num_envs: int, mesh: Mesh) -> tuple[Transition, jax.ShapeDtypeStruct]:
+    """Abstract (batch, bootstrap value) of one actor thread's trajectory, for ahead-of-time compiling.
+
+    `example` is any Transition with the right per-row shapes ([T, ...] leaves).
+    """
+    batch_sharding = parallel.time_major_sharded(mesh)
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((x.shape[0], num_envs, *x.shape[1:]), x.dtype, sharding=batch_sharding),
+        example)
+    bootstrap = jax.ShapeDtypeStruct((num_envs,), jnp.float32, sharding=parallel.sharded(mesh))
+    return batch, bootstrap
+
+
+def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05):
+    """The next item of `source`, or None once `stop` is set."""
+    while not stop.is_set():
+        try:
+            return source.get(timeout=poll_s)
+        except queue.Empty:
+            continue
+    return None
+
+
+def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Queue],
+                store: ParamsStore, num_updates: int, key: jax.Array, control: Control,
+                timings: Timings, on_update: Callable[[int, list[Trajectory], dict], None]) -> TrainState:
+    """Take one trajectory from each actor queue, update, publish; `num_updates` times.
+
+    The update key of update u is `fold_in(key, u)`, so a run's updates do not
+    depend on timing. `on_update(u, trajectories, metrics)` sees each update's
+    inputs and host-side metrics. Returns the last state (early if stopped).
+    """
+    for update in range(num_updates):
+        trajectories = []
+        for source in sources:
+            with timings.measure("learner_queue_wait"):
+                trajectory = get_until_stopped(source, control.stop)
+            if trajectory is None:
+                return state
+            trajectories.append(trajectory)
+        with timings.measure("learner_update"):
+            state, metrics = step_fn(state, tuple(t.batch for t in trajectories),
+                                     tuple(t.bootstrap_value for t in trajectories),
+                                     jax.random.fold_in(key, update))
+            metrics = {name: float(np.asarray(value)) for name, value in jax.device_get(metrics).items()}
+        with timings.measure("params_to_actors"):
+            store.publish(state, update + 1)
+        on_update(update, trajectories, metrics)
+    return state
