@@ -31,16 +31,12 @@ which other load on a shared machine disturbs far less than wall-clock time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
-try:
-    import podracer  # noqa: F401
-except ImportError:  # run from a checkout that was not pip-installed
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: F401  (puts the repository on sys.path)
 
 
 def parse_args(argv=None):
@@ -203,17 +199,9 @@ def main(argv=None) -> dict:
     per_cpu_s = {name: steps_per_call / min(times) for name, times in cpu_seconds.items()}
 
     ceiling, ours, ours_one, peer = (steps_per_call / best[name] for name in calls)
-    print(f"{args.env}: population {config.population} x {config.episodes_per_member} episode(s) "
-          f"x horizon {layout.horizon}, {args.generations} generations per call, "
-          f"policy MLP {tuple(args.hidden)}, {jax.devices()[0].platform} x {layout.num_devices}; "
-          f"best of {args.rounds} interleaved calls")
-    print(f"{'':34} {'env steps/s':>12} {'generations/s':>14} {'vs evosax':>10} "
-          f"{'median +':>9} {'steps/CPU-s':>12}")
-    for name in calls:
-        sps = steps_per_call / best[name]
-        generations_per_s = args.generations / best[name]
-        print(f"{name:34} {sps:>12,.0f} {generations_per_s:>14,.1f} {sps / peer:>9.2f}x "
-              f"{spread[name]:>8.0%} {per_cpu_s[name]:>12,.0f}")
+    rows = [(name, f"{steps_per_call / best[name]:,.0f}", f"{args.generations / best[name]:,.1f}",
+             f"{steps_per_call / best[name] / peer:.2f}x", f"{spread[name]:.0%}",
+             f"{per_cpu_s[name]:,.0f}") for name in calls]
     names = list(calls)
     result = {
         "env": args.env, "population": config.population,
@@ -230,7 +218,13 @@ def main(argv=None) -> dict:
         "steps_per_cpu_s_one_device": per_cpu_s[names[2]],
         "peer_steps_per_cpu_s": per_cpu_s[names[3]],
     }
-    print(json.dumps(result))
+    common.report(
+        f"Anakin ES vs evosax, {args.env}: population {config.population} x "
+        f"{config.episodes_per_member} episode(s) x horizon {layout.horizon}, {args.generations} "
+        f"generations per call, policy MLP {tuple(args.hidden)}, {layout.num_devices} devices; "
+        f"best of {args.rounds} interleaved calls",
+        rows, ("run", "env steps/s", "generations/s", "vs evosax", "median +", "steps/CPU-s"),
+        result)
     return result
 
 
