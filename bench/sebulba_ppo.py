@@ -103,19 +103,24 @@ def learner_ceiling(configs: dict, seconds: float) -> float:
                   configs["network"])
     rng = np.random.default_rng(0)
     column = _column_shapes(setup.spec, configs["sebulba"].rollout_len)
-    envs = setup.layout.envs_per_thread
+    envs, spec = setup.layout.envs_per_thread, setup.spec
+    shape = (column.reward.shape[0], envs)
+    # Plausible values (behaviour log-probabilities of a fresh policy, small
+    # observations): the update's numerics, hence its speed, match a real batch.
+    fixed = column._replace(
+        obs=(rng.integers(0, 255, (*shape, *spec.obs_shape), dtype=np.uint8) if spec.obs_dtype == np.uint8
+             else 0.1 * rng.normal(size=(*shape, *spec.obs_shape)).astype(np.float32)),
+        action=(rng.integers(0, spec.action_dim, shape, dtype=np.int32) if spec.discrete
+                else rng.normal(size=(*shape, spec.action_dim)).astype(np.float32)),
+        reward=np.ones(shape, np.float32),
+        terminated=rng.random(shape) < 0.01,
+        truncated=np.zeros(shape, bool),
+        value=np.zeros(shape, np.float32),
+        log_prob=np.full(shape, -np.log(spec.action_dim) if spec.discrete else -1.42 * spec.action_dim,
+                         np.float32),
+        final_value=np.zeros(shape, np.float32))
 
-    def fake(x):
-        shape = (x.shape[0], envs, *x.shape[1:])
-        if x.dtype == bool:
-            return rng.random(shape) < 0.01
-        if x.dtype == np.uint8:
-            return rng.integers(0, 255, shape, dtype=np.uint8)
-        if x.dtype == np.int32:
-            return rng.integers(0, setup.spec.action_dim, shape, dtype=np.int32)
-        return rng.normal(size=shape).astype(x.dtype)
-
-    batch = jax.device_put(jax.tree.map(fake, column), parallel.time_major_sharded(setup.mesh))
+    batch = jax.device_put(fixed, parallel.time_major_sharded(setup.mesh))
     bootstrap = jax.device_put(np.zeros(envs, np.float32), parallel.sharded(setup.mesh))
     threads = setup.layout.num_actor_threads
     state, key = setup.state, jax.random.PRNGKey(0)
