@@ -70,6 +70,22 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return differing
 
 
+def check_resumable(run_dir: str, config: CheckpointConfig, configs: dict[str, Any]) -> bool:
+    """Whether `run_dir` has a checkpoint to resume; refuses a mismatched config.
+
+    Called before anything is built, so a wrong flag fails in a second, not after
+    a compilation.
+    """
+    if not has_checkpoint(run_dir):
+        return False
+    probe = Checkpointer(run_dir, config, configs, create=False)
+    try:
+        probe.check_config(probe.read_meta())
+    finally:
+        probe.close()
+    return True
+
+
 def checkpoint_dir(run_dir: str) -> str:
     return os.path.abspath(os.path.join(run_dir, CHECKPOINT_DIR))
 

@@ -13,7 +13,7 @@ import numpy as np
 from podracer import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import make_anakin, make_layout
-from podracer.checkpoint import Checkpointer, has_checkpoint, stop_on_signals
+from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
 from podracer.config import make_optimizer
 from podracer.data.config import DataConfig
 from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
@@ -70,11 +70,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
     run = configs["run"]
     data = configs.get("data", DataConfig())
     check_data_config(data, writes=parallel.is_main_process())
-    resuming = has_checkpoint(run.run_dir)
-    if resuming:  # a mismatched config fails before anything is built
-        probe = Checkpointer(run.run_dir, configs["checkpoint"], configs, create=False)
-        probe.check_config(probe.read_meta())
-        probe.close()
+    resuming = check_resumable(run.run_dir, configs["checkpoint"], configs)
     env, network, layout, steps_per_call, num_calls, init, train = build(configs, devices)
     prepare_run_dir(run.run_dir)
     checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)

@@ -13,7 +13,7 @@ import numpy as np
 from podracer import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_es_layout
-from podracer.checkpoint import Checkpointer, has_checkpoint, stop_on_signals
+from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
 from podracer.errors import Interrupted, PodracerError
 from podracer.logger import RunLogger, prepare_run_dir, start_wandb
 from podracer.networks import make_policy_network
@@ -62,11 +62,7 @@ def train_es(configs: dict[str, Any], devices=None):
     """
     wall_start = time.perf_counter()
     run, es_config = configs["run"], configs["es"]
-    resuming = has_checkpoint(run.run_dir)
-    if resuming:  # a mismatched config fails before anything is built
-        probe = Checkpointer(run.run_dir, configs["checkpoint"], configs, create=False)
-        probe.check_config(probe.read_meta())
-        probe.close()
+    resuming = check_resumable(run.run_dir, configs["checkpoint"], configs)
     layout, steps_per_call, num_calls, init, step = build(configs, devices)
     prepare_run_dir(run.run_dir)
     checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)
