@@ -60,6 +60,9 @@ def build(configs: dict[str, Any], devices=None) -> ESSetup:
     run, es_config, sebulba, net = configs["run"], configs["es"], configs["sebulba"], configs["network"]
     if run.total_steps <= 0:
         raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
+    if jax.process_count() > 1:
+        raise PodracerError("Sebulba ES across processes is not available yet; run it in one "
+                            "process (drop --num-processes and --coordinator)")
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_es_layout(es_config, sebulba, split)
