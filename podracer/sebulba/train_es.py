@@ -186,6 +186,7 @@ def train_es(configs: dict[str, Any], devices=None):
     SIGINT/SIGTERM stop every thread and raise `Interrupted` after the summary
     is written; a failure in any thread stops every thread and is re-raised.
     """
+    wall_start = time.perf_counter()
     run, es_config, sebulba = configs["run"], configs["es"], configs["sebulba"]
     setup = build(configs, devices)
     layout, split = setup.layout, setup.split
@@ -242,6 +243,7 @@ def train_es(configs: dict[str, Any], devices=None):
         "compile_s": setup.compile_s,
         "train_s": train_s,
         **as_metrics(totals),
+        "wall_s": time.perf_counter() - wall_start,
     })
     if logger.enabled:
         logger.stream.write(format_breakdown(totals, train_s))
