@@ -64,14 +64,17 @@ def test_tally_keeps_each_slots_first_episode_and_ignores_the_rest():
     counted = tally.record(_step([0, 1], [0, 5], [f, f], truncated=[f, t], episode_return=[0, 9],
                                  length=[0, 3]))
     assert counted.tolist() == [f, f] and tally.done
+    # Slot 0's second episode ends too: it does not replace the first one.
     counted = tally.record(_step([0, 1], [1, 0], [t, f], episode_return=[1, 0], length=[1, 0]))
+    assert counted.tolist() == [f, f]
     assert tally.returns.tolist() == [3, 9] and tally.lengths.tolist() == [2, 3]
     assert tally.ignored_steps == 3  # slot 0 twice, slot 1 once
 
 
 def test_member_fitness_is_the_mean_over_its_copies():
-    layout = make_es_layout(ESConfig(population=4, episodes_per_member=2, eval_episodes=3),
-                            SebulbaConfig(actor_threads=2), split_devices(SebulbaConfig(), jax.devices()[:2]))
+    sebulba = SebulbaConfig(actor_threads=2)
+    layout = make_es_layout(ESConfig(population=4, episodes_per_member=2, eval_episodes=3), sebulba,
+                            split_devices(sebulba, jax.devices()[:2]))
     assert (layout.members_per_thread, layout.member_slots, layout.eval_slots,
             layout.slots_per_thread) == (2, 4, 2, 6)
     assert thread_members(1, layout).tolist() == [2, 3]
