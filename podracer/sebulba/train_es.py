@@ -89,12 +89,11 @@ def build(configs: dict[str, Any], devices=None) -> ESSetup:
     jax.block_until_ready(learner_step(state, obs_stats, es_key,
                                        np.zeros(es_config.population, np.float32), stacked))
     for device in dict.fromkeys(split.actor):
-        local = jax.device_put((state, obs_stats, no_observations), device)
+        actor_state, actor_stats, seen = jax.device_put((state, obs_stats, no_observations), device)
         members = jax.device_put(np.arange(layout.members_per_thread, dtype=np.int32), device)
-        params = slot_params(local[0], es_key, members)
+        params = slot_params(actor_state, es_key, members)
         obs = np.zeros((layout.slots_per_thread, *spec.obs_shape), spec.obs_dtype)
-        jax.block_until_ready(act(params, local[1], obs, np.ones(layout.slots_per_thread, bool),
-                                  local[2]))
+        jax.block_until_ready(act(params, actor_stats, obs, np.ones(layout.slots_per_thread, bool), seen))
     return ESSetup(spec, split, layout, state, obs_stats, es_key, learner_step, slot_params, act,
                    int(flat.shape[0]), time.perf_counter() - compile_start)
 
