@@ -26,13 +26,19 @@ from podracer.errors import PodracerError
 CHECKPOINT_DIR = "checkpoints"
 
 # Settings that may change between a run and its resumption: how long to run,
-# where and how often to save, how to log, and the device count (results are
-# the same on any device count up to float rounding).
+# where and how often to save, how to log, the device count (results are the
+# same on any device count up to float rounding), how processes find each
+# other (a free port, each process's own index) and which host threads or
+# devices act and learn.
 RESUMABLE_CHANGES = {
     ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"),
     ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
     ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
     ("logging", "wandb"), ("logging", "wandb_project"),
+    ("distributed", "num_processes"), ("distributed", "coordinator"), ("distributed", "process_id"),
+    ("distributed", "distributed"),
+    ("sebulba", "actor_devices"), ("sebulba", "learner_devices"), ("sebulba", "env_threads"),
+    ("sebulba", "log_every"),
 }
 
 

@@ -14,35 +14,48 @@ import pytest
 from conftest import LAUNCHER, PYTHON
 from podracer.orchestrate import free_port
 
-SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=512",
-         "--seed=3"]
+# 4 calls of 2 updates of 8 environments x 16 steps; a checkpoint after every call.
+SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=1024",
+         "--seed=3", "--checkpoint-every=256"]
+TWO = ["--num-processes=2", "--cpu-devices=2"]
 
 
 def _env(tmp_path):
     return dict(os.environ)  # with the session's compilation cache (conftest)
 
 
+def _steps(run_dir):
+    path = run_dir / "checkpoints"
+    return sorted(int(n) for n in os.listdir(path) if n.isdigit()) if path.exists() else []
+
+
 def _final(run_dir):
-    steps = sorted(int(n) for n in os.listdir(run_dir / "checkpoints") if n.isdigit())
-    return restore_on_host(str(run_dir / "checkpoints" / str(steps[-1]) / "state"))
+    return restore_on_host(str(run_dir / "checkpoints" / str(_steps(run_dir)[-1]) / "state"))
 
 
-def test_two_processes_agree_and_match_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """One uninterrupted run of 2 processes x 2 devices: (run_dir, its stdout)."""
+    run_dir = tmp_path_factory.mktemp("two") / "run"
+    result = subprocess.run([PYTHON, LAUNCHER, *SMALL, *TWO, f"--run-dir={run_dir}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir, result.stdout
+
+
+def test_two_processes_agree_and_match_one_process(two_processes, tmp_path):
     import jax
 
-    two, one = tmp_path / "two", tmp_path / "one"
-    result = subprocess.run([PYTHON, LAUNCHER, *SMALL, "--num-processes=2", "--cpu-devices=2",
-                             f"--run-dir={two}"], capture_output=True, text=True, timeout=400,
-                            env=_env(tmp_path))
-    assert result.returncode == 0, result.stderr[-2000:]
+    two, stdout = two_processes
+    one = tmp_path / "one"
     summary = json.loads((two / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["updates"] == 4
+    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["updates"] == 8
     prints = summary["params_fingerprints"]
     assert len(prints) == 2 and prints[0] == prints[1]  # bitwise the same on both processes
     # Only process 0 writes the run files: one summary printed, metrics rows not doubled.
-    assert result.stdout.count("summary\n") == 1
+    assert stdout.count("summary\n") == 1
     rows = (two / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["env_steps"] for r in rows] == [256, 512]
+    assert [json.loads(r)["env_steps"] for r in rows] == [256 * k for k in range(1, 5)]
 
     result = subprocess.run([PYTHON, LAUNCHER, *SMALL, "--cpu-devices=4", f"--run-dir={one}"],
                             capture_output=True, text=True, timeout=400, env=_env(tmp_path))
@@ -52,6 +65,29 @@ def test_two_processes_agree_and_match_one_process(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4)
     # The environments (sharded over both processes' devices) are in the same states.
     np.testing.assert_allclose(a["obs"], b["obs"], rtol=1e-4, atol=1e-5)
+
+
+def test_two_processes_save_on_sigterm_and_resume_to_the_same_parameters(two_processes, tmp_path):
+    """orbax's multi-host path: both processes save together, and restore what they saved."""
+    run_dir = tmp_path / "run"
+    args = [PYTHON, LAUNCHER, *SMALL, *TWO, f"--run-dir={run_dir}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not _steps(run_dir):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # to the launcher, which forwards it to both processes
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    saved = _steps(run_dir)[-1]
+    assert saved < 1024
+
+    result = subprocess.run(args, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_env_steps"] == saved and summary["updates"] == 8
+    reference = json.loads((two_processes[0] / "summary.json").read_text())
+    assert summary["params_fingerprints"] == reference["params_fingerprints"]
 
 
 def _children(pid):
