@@ -90,6 +90,48 @@ def test_two_processes_save_on_sigterm_and_resume_to_the_same_parameters(two_pro
     assert summary["params_fingerprints"] == reference["params_fingerprints"]
 
 
+# 6 updates of 16 environments x 16 steps; actors wait for each update, so a seed fixes the run.
+SEBULBA = ["--arch=sebulba", "--num-envs=16", "--rollout-len=16", "--total-steps=1536", "--synchronous",
+           "--seed=5"]
+
+
+def test_sebulba_learner_spans_both_processes(tmp_path):
+    """Each process's actor fills its half of every global batch; both learners update in lockstep."""
+    import dataclasses
+
+    import jax
+
+    from podracer.cli import parse_configs
+    from podracer.sebulba import train_ppo
+
+    two = tmp_path / "two"
+    result = subprocess.run([PYTHON, LAUNCHER, *SEBULBA, *TWO, f"--run-dir={two}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["updates"] == 6
+    # Each process: device 0 acts, device 1 learns; the learner mesh has both learners.
+    assert (summary["actor_devices"], summary["learner_devices"], summary["actor_threads"]) == (2, 2, 2)
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert result.stdout.count("summary\n") == 1
+
+    # One process acting with two threads (numbered, seeded and keyed as the two
+    # processes' threads are) and learning on one device sees the same global
+    # batch: process 0's columns, then process 1's. (PPO shuffles each column
+    # with a key from its global index, so another column order would differ.)
+    configs = parse_configs([*SEBULBA, f"--run-dir={tmp_path / 'one'}"])
+    sebulba = dataclasses.replace(configs["sebulba"], actor_devices=(0,), learner_devices=(1,),
+                                  actor_threads=2)
+    _, state = train_ppo(configs["run"], configs["ppo"], sebulba, configs["optimizer"],
+                         configs["network"], devices=jax.devices()[:2])
+    across = jax.tree.leaves(_final(two)["train"]["params"])
+    within = jax.tree.leaves(jax.device_get(state.params))
+    assert len(across) == len(within) > 0
+    for x, y in zip(across, within):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
 def _children(pid):
     import psutil
 
