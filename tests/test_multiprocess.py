@@ -132,6 +132,31 @@ def test_sebulba_learner_spans_both_processes(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
 
+# 3 calls of 2 generations of 16 members, 100-step episodes.
+ES = ["--algo=es", "--population=16", "--horizon=100", "--generations-per-call=2",
+      "--total-steps=9600", "--seed=2", "--checkpoint-every=3200"]
+
+
+def test_es_population_spans_both_processes_and_matches_one_process(tmp_path):
+    two, one = tmp_path / "two", tmp_path / "one"
+    result = subprocess.run([PYTHON, LAUNCHER, *ES, *TWO, f"--run-dir={two}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["generations"] == 6
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+
+    result = subprocess.run([PYTHON, LAUNCHER, *ES, "--cpu-devices=4", f"--run-dir={one}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = _final(two)["strategy"]["mean"], _final(one)["strategy"]["mean"]
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # The generations after the first call moved the mean: the runs agree on something.
+    first = restore_on_host(str(two / "checkpoints" / "3200" / "state"))["strategy"]["mean"]
+    assert np.abs(a - first).max() > 1e-3
+
+
 def _children(pid):
     import psutil
 
