@@ -8,7 +8,6 @@ from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
@@ -70,8 +69,12 @@ def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float 
 
 
 class Saving(NamedTuple):
-    """When and how the learner saves: `save(updates_done, state)` every `every` updates (0: never
-    periodically), and always when it ends or is interrupted, unless nothing changed since the last save."""
+    """How and when the learner saves its state.
+
+    `save(updates_done, state)` runs every `every` updates (0: never
+    periodically), and when the learner ends or is interrupted, unless nothing
+    changed since the last save.
+    """
 
     save: Callable[[int, TrainState], None]
     every: int = 0

@@ -146,8 +146,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     layout, split = setup.layout, setup.split
     prepare_run_dir(run.run_dir)
     checkpointer = Checkpointer(run.run_dir, checkpoint, configs)
-    seed_key = jax.random.fold_in(jax.random.PRNGKey(run.seed), 1)
-    actor_key, learner_key = jax.random.split(seed_key)
+    actor_key, learner_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(run.seed), 1))
     # Saved with the train state, so replicated over the learner mesh like it.
     learner = {"train": setup.state,
                "key": parallel.from_host(np.asarray(learner_key), parallel.replicated(setup.mesh))}
@@ -239,7 +238,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         logger.stream.flush()
     if stopped:
         signum = signalled.signal or signal.SIGTERM  # another process may have received it
+        saved = ("checkpoint saved, run the same command to resume" if log.updates
+                 else "nothing to save yet")
         raise Interrupted(signum, f"stopped by signal {signum} after {log.updates} updates "
-                                  f"({env_steps:,} env steps); checkpoint saved, run the same "
-                                  f"command to resume")
+                                  f"({env_steps:,} env steps); {saved}")
     return summary, final[0]
