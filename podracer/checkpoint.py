@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import time
 from typing import Any, Iterator
 
 import jax
@@ -191,9 +192,16 @@ class StopFlag:
 
     def __init__(self):
         self.signal: int | None = None
+        self.received_at = 0.0
 
     def __bool__(self) -> bool:
         return self.signal is not None
+
+
+# A signal that repeats within this many seconds is the same request delivered
+# twice: a terminal's Ctrl-C (or a scheduler) signals the whole process group,
+# and the local spawner forwards what it receives to the same processes.
+REPEAT_WINDOW_S = 1.0
 
 
 @contextlib.contextmanager
@@ -201,14 +209,17 @@ def stop_on_signals() -> Iterator[StopFlag]:
     """Turn SIGTERM and SIGINT into a flag for the duration of the block.
 
     The loop finishes the call in flight, saves, and exits with 128 + signal:
-    preemption (SIGTERM) and Ctrl-C both keep every step learned so far.
+    preemption (SIGTERM) and Ctrl-C both keep every step learned so far. A
+    second signal, once `REPEAT_WINDOW_S` has passed, raises KeyboardInterrupt.
     """
     flag = StopFlag()
 
     def handler(signum, _frame):
-        if flag.signal is not None:  # a second signal: stop waiting politely
-            raise KeyboardInterrupt
-        flag.signal = signum
+        if flag.signal is not None:
+            if time.monotonic() - flag.received_at < REPEAT_WINDOW_S:
+                return
+            raise KeyboardInterrupt  # a second signal: stop waiting politely
+        flag.signal, flag.received_at = signum, time.monotonic()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
