@@ -29,11 +29,12 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 # Global sizes that split over every device count measured (Sebulba's 168
 # environments over 1, 3 or 7 learner devices, and over 2 processes), each pair's
-# environment, and its steps: a few seconds of training on a 2-core CPU.
+# environment, and its steps in one process and in two (whose collectives cross
+# processes and are much slower on a CPU): a few seconds of training each.
 PAIRS = {
-    ("anakin", "ppo"): (["--env=CartPole-v1", "--num-envs=64", "--rollout-len=32"], 500_000),
-    ("anakin", "es"): (["--env=CartPole-v1", "--population=64"], 3_200_000),
-    ("sebulba", "ppo"): (["--env=CartPole-v1", "--num-envs=168", "--rollout-len=32"], 200_000),
+    ("anakin", "ppo"): (["--env=CartPole-v1", "--num-envs=64", "--rollout-len=32"], 400_000, 40_000),
+    ("anakin", "es"): (["--env=CartPole-v1", "--population=64"], 3_200_000, 1_600_000),
+    ("sebulba", "ppo"): (["--env=CartPole-v1", "--num-envs=168", "--rollout-len=32"], 200_000, 60_000),
 }
 
 
@@ -57,10 +58,11 @@ def main():
     args = parser.parse_args()
     points = [(d, 1) for d in (1, 2, 4, 8)] + [(4, 2)]
     rows, result = [], {"bench": "scaling", "sps": {}}
-    for (arch, algo), (extra, total_steps) in PAIRS.items():
+    for (arch, algo), (extra, one_process_steps, two_process_steps) in PAIRS.items():
         row = [f"{arch} {algo}"]
         for devices, processes in points:
-            sps = run_point(arch, algo, extra, devices, processes, int(total_steps * args.scale))
+            steps = one_process_steps if processes == 1 else two_process_steps
+            sps = run_point(arch, algo, extra, devices, processes, int(steps * args.scale))
             result["sps"][f"{arch}/{algo}/{processes}x{devices // processes}"] = sps
             row.append(f"{sps:,.0f}" if isinstance(sps, float) else sps)
         rows.append(tuple(row))
