@@ -173,7 +173,7 @@ def local_replica(tree):
     A replicated global array cannot be copied to a device as a whole (most of
     its copies belong to other processes); any local copy is the same value.
     """
-    return jax.tree.map(lambda x: x.addressable_data(0), tree)
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
 
 
 def any_process(flag: bool) -> bool:
