@@ -4,12 +4,14 @@ Each point is a real launcher run (`python launch/tpu.py ...`) with a fixed
 global batch, so the work per step is the same and only the device split
 changes: 1, 2, 4, 8 devices in one process, and 4 devices as 1 x 4 vs 2 x 2
 processes joined by jax.distributed on loopback. The figure is the run's
-steady-state `sps` from its summary.json (compilation excluded).
+`sps` from its summary.json (compilation excluded). Sebulba acts on device 0
+of each process and learns on the others (on 1 device, both share it).
 
 On a CPU-only machine every "device" shares the same cores, so this measures the
 protocol's overhead (collectives, gloo between processes), not a speed-up.
+Each run trains for a few seconds; the whole bench takes a few minutes.
 
-    python bench/scaling.py [--total-steps 200000]
+    python bench/scaling.py [--scale 1.0]
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import common
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "tpu.py")
 
-# Global sizes divisible by 8 devices; each pair's own environment.
+# Global sizes that split over every device count measured (Sebulba's 168
+# environments over 1, 3 or 7 learner devices, and over 2 processes), each pair's
+# environment, and its steps in one process and in two (whose collectives cross
+# processes and are much slower on a CPU): a few seconds of training each.
 PAIRS = {
-    ("anakin", "ppo"): ["--env=CartPole-v1", "--num-envs=64", "--rollout-len=32"],
-    ("anakin", "es"): ["--env=CartPole-v1"],
-    ("sebulba", "ppo"): ["--env=CartPole-v1"],
-    ("sebulba", "es"): ["--env=CartPole-v1"],
+    ("anakin", "ppo"): (["--env=CartPole-v1", "--num-envs=64", "--rollout-len=32"], 400_000, 40_000),
+    ("anakin", "es"): (["--env=CartPole-v1", "--population=64"], 3_200_000, 1_600_000),
+    ("sebulba", "ppo"): (["--env=CartPole-v1", "--num-envs=168", "--rollout-len=32"], 200_000, 60_000),
 }
 
 
@@ -50,18 +54,19 @@ def run_point(arch, algo, extra, devices, processes, total_steps) -> float | str
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--total-steps", type=int, default=200_000)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every run's steps by this")
     args = parser.parse_args()
     points = [(d, 1) for d in (1, 2, 4, 8)] + [(4, 2)]
     rows, result = [], {"bench": "scaling", "sps": {}}
-    for (arch, algo), extra in PAIRS.items():
+    for (arch, algo), (extra, one_process_steps, two_process_steps) in PAIRS.items():
         row = [f"{arch} {algo}"]
         for devices, processes in points:
-            sps = run_point(arch, algo, extra, devices, processes, args.total_steps)
+            steps = one_process_steps if processes == 1 else two_process_steps
+            sps = run_point(arch, algo, extra, devices, processes, int(steps * args.scale))
             result["sps"][f"{arch}/{algo}/{processes}x{devices // processes}"] = sps
             row.append(f"{sps:,.0f}" if isinstance(sps, float) else sps)
         rows.append(tuple(row))
-    header = ("run", *(f"{p}x{d // p} dev" for d, p in points))
+    header = ("run", *(f"{p} x {d // p} dev" for d, p in points))
     common.report("Steps/s by processes x devices per process (global batch fixed)", rows, header, result)
 
 

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import time
 from typing import Any, Iterator
 
 import jax
@@ -26,13 +27,19 @@ from podracer.errors import PodracerError
 CHECKPOINT_DIR = "checkpoints"
 
 # Settings that may change between a run and its resumption: how long to run,
-# where and how often to save, how to log, and the device count (results are
-# the same on any device count up to float rounding).
+# where and how often to save, how to log, the device count (results are the
+# same on any device count up to float rounding), how processes find each
+# other (a free port, each process's own index) and which host threads or
+# devices act and learn.
 RESUMABLE_CHANGES = {
     ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"),
     ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
     ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
     ("logging", "wandb"), ("logging", "wandb_project"),
+    ("distributed", "num_processes"), ("distributed", "coordinator"), ("distributed", "process_id"),
+    ("distributed", "distributed"),
+    ("sebulba", "actor_devices"), ("sebulba", "learner_devices"), ("sebulba", "env_threads"),
+    ("sebulba", "log_every"),
 }
 
 
@@ -185,9 +192,16 @@ class StopFlag:
 
     def __init__(self):
         self.signal: int | None = None
+        self.received_at = 0.0
 
     def __bool__(self) -> bool:
         return self.signal is not None
+
+
+# A signal that repeats within this many seconds is the same request delivered
+# twice: a terminal's Ctrl-C (or a scheduler) signals the whole process group,
+# and the local spawner forwards what it receives to the same processes.
+REPEAT_WINDOW_S = 1.0
 
 
 @contextlib.contextmanager
@@ -195,14 +209,17 @@ def stop_on_signals() -> Iterator[StopFlag]:
     """Turn SIGTERM and SIGINT into a flag for the duration of the block.
 
     The loop finishes the call in flight, saves, and exits with 128 + signal:
-    preemption (SIGTERM) and Ctrl-C both keep every step learned so far.
+    preemption (SIGTERM) and Ctrl-C both keep every step learned so far. A
+    second signal, once `REPEAT_WINDOW_S` has passed, raises KeyboardInterrupt.
     """
     flag = StopFlag()
 
     def handler(signum, _frame):
-        if flag.signal is not None:  # a second signal: stop waiting politely
-            raise KeyboardInterrupt
-        flag.signal = signum
+        if flag.signal is not None:
+            if time.monotonic() - flag.received_at < REPEAT_WINDOW_S:
+                return
+            raise KeyboardInterrupt  # a second signal: stop waiting politely
+        flag.signal, flag.received_at = signum, time.monotonic()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -35,6 +35,21 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, axis: str = DATA_AXIS
     return Mesh(np.asarray(devices), (axis,), axis_types=(AxisType.Auto,))
 
 
+def process_major(local_devices: Sequence[jax.Device]) -> list[jax.Device]:
+    """The devices at the positions of `local_devices` on every process, process by process.
+
+    Every process of a run is started with the same flags, so positions in
+    `jax.local_devices()` (Sebulba's `--learner-devices`) name the same role on
+    each host; a mesh over the result spans that role's devices of all
+    processes. On one process, `local_devices` itself.
+    """
+    local = jax.local_devices()
+    positions = [local.index(device) for device in local_devices]
+    # `jax.local_devices()` is `jax.devices()` filtered to one process, in the same order.
+    by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(jax.process_count())]
+    return [devices[i] for devices in by_process for i in positions]
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """Sharding of an array that every device holds whole."""
     return NamedSharding(mesh, P())
@@ -137,6 +152,28 @@ def to_host(tree):
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
     return jax.tree.map(fetch, tree)
+
+
+def from_host(tree, sharding: NamedSharding):
+    """Global arrays with `sharding` from host (numpy) arrays, on this process's devices.
+
+    Along a dimension that `sharding` splits over several processes, each process
+    passes its own part and the global array joins the parts in process order
+    (the order of the mesh's devices); a dimension it does not split must be the
+    same on every process. On one process, `jax.device_put`. (A `device_put`
+    onto devices of several processes is not the same: it expects the whole
+    array on every process.)
+    """
+    return jax.make_array_from_process_local_data(sharding, tree)
+
+
+def local_replica(tree):
+    """This process's copy of a replicated pytree, each leaf on one of its own devices.
+
+    A replicated global array cannot be copied to a device as a whole (most of
+    its copies belong to other processes); any local copy is the same value.
+    """
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
 
 
 def any_process(flag: bool) -> bool:

@@ -161,3 +161,19 @@ def test_corrupt_checkpoint_is_one_line_and_left_alone(tmp_path):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "checkpoint" in result.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_signal_delivered_twice_is_one_request():
+    """A terminal's Ctrl-C reaches the spawner and its processes, and the spawner forwards it too."""
+    from podracer.checkpoint import REPEAT_WINDOW_S, stop_on_signals
+
+    with stop_on_signals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs between the two deliveries
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.signal == signal.SIGINT  # stopping politely, not interrupted
+        time.sleep(REPEAT_WINDOW_S)
+        with pytest.raises(KeyboardInterrupt):  # a user who insists
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)

@@ -38,6 +38,8 @@ BAD_INVOCATIONS = {
     "sebulba overlapping devices": ["--arch=sebulba", "--actor-devices", "0", "--learner-devices", "0", "1"],
     "sebulba device out of range": ["--arch=sebulba", "--actor-devices", "9"],
     "sebulba unknown env": ["--arch=sebulba", "--env=Pongg-v5"],
+    "sebulba negative checkpoint interval": ["--arch=sebulba", "--checkpoint-every=-5"],
+    "sebulba zero checkpoints kept": ["--arch=sebulba", "--keep-checkpoints=0"],
     "es zero population": ["--algo=es", "--population=0"],
 }
 

@@ -14,35 +14,48 @@ import pytest
 from conftest import LAUNCHER, PYTHON
 from podracer.orchestrate import free_port
 
-SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=512",
-         "--seed=3"]
+# 4 calls of 2 updates of 8 environments x 16 steps; a checkpoint after every call.
+SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=1024",
+         "--seed=3", "--checkpoint-every=256"]
+TWO = ["--num-processes=2", "--cpu-devices=2"]
 
 
 def _env(tmp_path):
     return dict(os.environ)  # with the session's compilation cache (conftest)
 
 
+def _steps(run_dir):
+    path = run_dir / "checkpoints"
+    return sorted(int(n) for n in os.listdir(path) if n.isdigit()) if path.exists() else []
+
+
 def _final(run_dir):
-    steps = sorted(int(n) for n in os.listdir(run_dir / "checkpoints") if n.isdigit())
-    return restore_on_host(str(run_dir / "checkpoints" / str(steps[-1]) / "state"))
+    return restore_on_host(str(run_dir / "checkpoints" / str(_steps(run_dir)[-1]) / "state"))
 
 
-def test_two_processes_agree_and_match_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """One uninterrupted run of 2 processes x 2 devices: (run_dir, its stdout)."""
+    run_dir = tmp_path_factory.mktemp("two") / "run"
+    result = subprocess.run([PYTHON, LAUNCHER, *SMALL, *TWO, f"--run-dir={run_dir}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir, result.stdout
+
+
+def test_two_processes_agree_and_match_one_process(two_processes, tmp_path):
     import jax
 
-    two, one = tmp_path / "two", tmp_path / "one"
-    result = subprocess.run([PYTHON, LAUNCHER, *SMALL, "--num-processes=2", "--cpu-devices=2",
-                             f"--run-dir={two}"], capture_output=True, text=True, timeout=400,
-                            env=_env(tmp_path))
-    assert result.returncode == 0, result.stderr[-2000:]
+    two, stdout = two_processes
+    one = tmp_path / "one"
     summary = json.loads((two / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["updates"] == 4
+    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["updates"] == 8
     prints = summary["params_fingerprints"]
     assert len(prints) == 2 and prints[0] == prints[1]  # bitwise the same on both processes
     # Only process 0 writes the run files: one summary printed, metrics rows not doubled.
-    assert result.stdout.count("summary\n") == 1
+    assert stdout.count("summary\n") == 1
     rows = (two / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["env_steps"] for r in rows] == [256, 512]
+    assert [json.loads(r)["env_steps"] for r in rows] == [256 * k for k in range(1, 5)]
 
     result = subprocess.run([PYTHON, LAUNCHER, *SMALL, "--cpu-devices=4", f"--run-dir={one}"],
                             capture_output=True, text=True, timeout=400, env=_env(tmp_path))
@@ -52,6 +65,100 @@ def test_two_processes_agree_and_match_one_process(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4)
     # The environments (sharded over both processes' devices) are in the same states.
     np.testing.assert_allclose(a["obs"], b["obs"], rtol=1e-4, atol=1e-5)
+
+
+def test_two_processes_save_on_sigterm_and_resume_to_the_same_parameters(two_processes, tmp_path):
+    """orbax's multi-host path: both processes save together, and restore what they saved."""
+    run_dir = tmp_path / "run"
+    args = [PYTHON, LAUNCHER, *SMALL, *TWO, f"--run-dir={run_dir}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not _steps(run_dir):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # to the launcher, which forwards it to both processes
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    saved = _steps(run_dir)[-1]
+    assert saved < 1024
+
+    result = subprocess.run(args, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_env_steps"] == saved and summary["updates"] == 8
+    reference = json.loads((two_processes[0] / "summary.json").read_text())
+    assert summary["params_fingerprints"] == reference["params_fingerprints"]
+
+
+# 6 updates of 16 environments x 16 steps; actors wait for each update, so a seed fixes the run.
+SEBULBA = ["--arch=sebulba", "--num-envs=16", "--rollout-len=16", "--total-steps=1536", "--synchronous",
+           "--seed=5"]
+
+
+def test_sebulba_learner_spans_both_processes(tmp_path):
+    """Each process's actor fills its half of every global batch; both learners update in lockstep."""
+    import dataclasses
+
+    import jax
+
+    from podracer.cli import parse_configs
+    from podracer.sebulba import train_ppo
+
+    two = tmp_path / "two"
+    result = subprocess.run([PYTHON, LAUNCHER, *SEBULBA, *TWO, f"--run-dir={two}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["updates"] == 6
+    # Each process: device 0 acts, device 1 learns; the learner mesh has both learners.
+    assert (summary["actor_devices"], summary["learner_devices"], summary["actor_threads"]) == (2, 2, 2)
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert result.stdout.count("summary\n") == 1
+
+    # One process acting with two threads (numbered, seeded and keyed as the two
+    # processes' threads are) and learning on one device sees the same global
+    # batch: process 0's columns, then process 1's. (PPO shuffles each column
+    # with a key from its global index, so another column order would differ.)
+    configs = parse_configs([*SEBULBA, f"--run-dir={tmp_path / 'one'}"])
+    sebulba = dataclasses.replace(configs["sebulba"], actor_devices=(0,), learner_devices=(1,),
+                                  actor_threads=2)
+    _, state = train_ppo(configs["run"], configs["ppo"], sebulba, configs["optimizer"],
+                         configs["network"], devices=jax.devices()[:2])
+    across = jax.tree.leaves(_final(two)["train"]["params"])
+    within = jax.tree.leaves(jax.device_get(state.params))
+    assert len(across) == len(within) > 0
+    for x, y in zip(across, within):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
+# 3 calls of 2 generations of 16 members, 100-step episodes.
+ES = ["--algo=es", "--population=16", "--horizon=100", "--generations-per-call=2",
+      "--total-steps=9600", "--seed=2", "--checkpoint-every=3200"]
+
+
+def test_es_population_spans_both_processes_and_matches_one_process(tmp_path):
+    two, one = tmp_path / "two", tmp_path / "one"
+    result = subprocess.run([PYTHON, LAUNCHER, *ES, *TWO, f"--run-dir={two}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["devices"] == 4 and summary["generations"] == 6
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+
+    # 1 process x 4 devices, in this process (the launcher's code path below its CLI).
+    import jax
+
+    from podracer.anakin.train_es import train_es
+    from podracer.cli import parse_configs
+
+    _, runner = train_es(parse_configs([*ES, f"--run-dir={one}"]), devices=jax.devices()[:4])
+    a = _final(two)["strategy"]["mean"]
+    np.testing.assert_allclose(a, np.asarray(runner.strategy.mean), rtol=1e-5, atol=1e-6)
+    # The generations after the first call moved the mean: the runs agree on something.
+    first = restore_on_host(str(two / "checkpoints" / "3200" / "state"))["strategy"]["mean"]
+    assert np.abs(a - first).max() > 1e-3
 
 
 def _children(pid):

@@ -137,6 +137,8 @@ def train_es(configs: dict[str, Any], devices=None):
         "train_s": train_s,
         "resumed_from_env_steps": start_call * steps_per_call if resuming else None,
         "processes": jax.process_count(),
+        # Every process must hold the same mean parameters; one hash per process proves it.
+        "params_fingerprints": parallel.process_fingerprints(runner.strategy.mean),
         "wall_s": time.perf_counter() - wall_start,
     })
     if stopping:

@@ -82,7 +82,11 @@ def put_until_stopped(out: queue.Queue, item, stop: threading.Event, poll_s: flo
 def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device: jax.Device,
               policy_step: Callable, store: ParamsStore, out: queue.Queue, learner_mesh: Mesh,
               key: jax.Array, control: Control, timings: Timings) -> None:
-    """The body of one actor thread: acts on `envs` (and closes them) until `control` says stop."""
+    """The body of one actor thread: acts on `envs` (and closes them) until `control` says stop.
+
+    `learner_mesh` spans the learner devices of every process; a trajectory goes
+    to this process's part of it, as this process's columns of the global batch.
+    """
     try:
         spec = envs.spec
         action_shape, action_dtype = ((), np.int32) if spec.discrete else ((spec.action_dim,), np.float32)
@@ -92,6 +96,8 @@ def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device:
         bootstrap_sharding = parallel.sharded(learner_mesh)
         with timings.measure("actor_params_wait"):
             policy = store.wait_for(0, device, control.stop)
+        # A resumed run's first policy has the checkpoint's version, not 0.
+        first_version = policy.version if policy is not None else 0
         key = jax.device_put(key, device)
         returns, lengths = [], []
         produced = 0
@@ -116,8 +122,8 @@ def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device:
             if builder.full:
                 rollout = builder.take()
                 with timings.measure("actor_to_learner"):
-                    batch = jax.device_put(rollout.batch, batch_sharding)
-                    bootstrap = jax.device_put(rollout.bootstrap_value, bootstrap_sharding)
+                    batch = parallel.from_host(rollout.batch, batch_sharding)
+                    bootstrap = parallel.from_host(rollout.bootstrap_value, bootstrap_sharding)
                 trajectory = Trajectory(batch, bootstrap, policy.version, actor_id,
                                         _concat(returns, np.float32), _concat(lengths, np.int32),
                                         rollout.dropped_steps, rollout.reset_steps)
@@ -127,7 +133,8 @@ def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device:
                         break
                 produced += 1
                 with timings.measure("actor_params_wait"):
-                    policy = store.wait_for(produced if settings.synchronous else 0, device, control.stop)
+                    wanted = first_version + produced if settings.synchronous else 0
+                    policy = store.wait_for(wanted, device, control.stop)
                 if policy is None:
                     break
                 # The next trajectory starts from these observations, acted on by the new policy.

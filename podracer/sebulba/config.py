@@ -83,13 +83,18 @@ def split_devices(config: SebulbaConfig, devices: Sequence[jax.Device]) -> Devic
 class Layout(NamedTuple):
     """Sizes derived from the config and the device split, never written back."""
 
-    num_actor_threads: int
+    num_actor_threads: int  # on this process
     envs_per_thread: int
     env_batch: int  # environments per envpool recv (half of them with async_envs)
     steps_per_update: int  # transitions per update, over every actor thread
 
 
-def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit) -> Layout:
+def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit,
+                num_processes: int = 1) -> Layout:
+    """Sizes for `split` on each of `num_processes` processes (the same split on every one).
+
+    `num_envs` is global: the actor threads of every process share it evenly.
+    """
     for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len),
                         ("--actor-threads", config.actor_threads), ("--log-every", config.log_every)):
         if value <= 0:
@@ -97,17 +102,19 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
     if config.env_threads < 0:
         raise PodracerError(f"--env-threads must be >= 0, got {config.env_threads}")
     threads = len(split.actor) * config.actor_threads
-    if config.num_envs % threads:
+    everywhere = threads * num_processes
+    if config.num_envs % everywhere:
+        processes = f" x {num_processes} processes" if num_processes > 1 else ""
         raise PodracerError(
-            f"--num-envs={config.num_envs} does not split over {threads} actor threads "
-            f"({len(split.actor)} actor devices x --actor-threads={config.actor_threads}); "
-            f"use a multiple of {threads}")
-    per_thread = config.num_envs // threads
+            f"--num-envs={config.num_envs} does not split over {everywhere} actor threads "
+            f"({len(split.actor)} actor devices x --actor-threads={config.actor_threads}{processes}); "
+            f"use a multiple of {everywhere}")
+    per_thread = config.num_envs // everywhere
     learners = len(split.learner)
     if per_thread % learners:
         raise PodracerError(
             f"each actor thread's {per_thread} environments do not split over {learners} learner "
-            f"devices; make --num-envs a multiple of {threads * learners}")
+            f"devices; make --num-envs a multiple of {everywhere * learners}")
     if config.async_envs and per_thread % 2:
         raise PodracerError(f"--async-envs steps half of each thread's {per_thread} environments "
                             f"at a time; use an even number per thread")

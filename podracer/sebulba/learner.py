@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
@@ -58,9 +57,10 @@ def trajectory_shapes(example: Transition, num_envs: int, mesh: Mesh) -> tuple[T
     return batch, bootstrap
 
 
-def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05):
-    """The next item of `source`, or None once `stop` is set."""
-    while not stop.is_set():
+def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05,
+                      interrupted: Callable[[], bool] = lambda: False):
+    """The next item of `source`, or None once `stop` is set or `interrupted()`."""
+    while not stop.is_set() and not interrupted():
         try:
             return source.get(timeout=poll_s)
         except queue.Empty:
@@ -68,29 +68,62 @@ def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float 
     return None
 
 
+class Saving(NamedTuple):
+    """How and when the learner saves its state.
+
+    `save(updates_done, state)` runs every `every` updates (0: never
+    periodically), and when the learner ends or is interrupted, unless nothing
+    changed since the last save.
+    """
+
+    save: Callable[[int, TrainState], None]
+    every: int = 0
+
+
 def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Queue],
                 store: ParamsStore, num_updates: int, key: jax.Array, control: Control,
-                timings: Timings, on_update: Callable[[int, list[Trajectory], dict], None]) -> TrainState:
-    """Take one trajectory from each actor queue, update, publish; `num_updates` times.
+                timings: Timings, on_update: Callable[[int, list[Trajectory], dict], None],
+                first_update: int = 0, saving: Saving | None = None,
+                interrupted: Callable[[], bool] = lambda: False) -> TrainState:
+    """Take one trajectory from each actor queue, update, publish; updates `first_update` .. `num_updates - 1`.
 
     The update key of update u is `fold_in(key, u)`, so a run's updates do not
-    depend on timing. `on_update(u, trajectories, metrics)` sees each update's
-    inputs and host-side metrics. Returns the last state (early if stopped).
+    depend on timing, and a resumed run (`first_update` > 0) continues the
+    sequence. `on_update(u, trajectories, metrics)` sees each update's inputs
+    and host-side metrics. Returns the last state: early if `interrupted()`
+    (a signal: saved first) or if `control.stop` is set (a failure elsewhere:
+    nothing is saved).
+
+    On several processes every learner runs this loop, and each update is one
+    program over all their devices: so every update starts by deciding
+    together whether to stop (`parallel.any_process`), and all of them stop,
+    and save, after the same update.
     """
-    for update in range(num_updates):
+    saved = done = first_update
+    for update in range(first_update, num_updates):
         trajectories = []
         for source in sources:
             with timings.measure("learner_queue_wait"):
-                trajectory = get_until_stopped(source, control.stop)
+                trajectory = get_until_stopped(source, control.stop, interrupted=interrupted)
             if trajectory is None:
-                return state
+                break
             trajectories.append(trajectory)
+        if control.stop.is_set():
+            return state
+        if parallel.any_process(interrupted()):
+            break
         with timings.measure("learner_update"):
             state, metrics = step_fn(state, tuple(t.batch for t in trajectories),
                                      tuple(t.bootstrap_value for t in trajectories),
                                      jax.random.fold_in(key, update))
-            metrics = {name: float(np.asarray(value)) for name, value in jax.device_get(metrics).items()}
+            metrics = {name: float(value) for name, value in parallel.to_host(metrics).items()}
         with timings.measure("params_to_actors"):
             store.publish(state, update + 1)
         on_update(update, trajectories, metrics)
+        done = update + 1
+        if saving is not None and saving.every and done % saving.every == 0:
+            saving.save(done, state)
+            saved = done
+    if saving is not None and done > saved:
+        saving.save(done, state)
     return state

@@ -17,18 +17,20 @@ class IntervalLog:
     Policy lag of a trajectory = updates applied to the learner's parameters
     since the parameters that acted (0: on-policy). Rows carry the lag's mean
     and max over the interval, the newest policy version seen, and the
-    cumulative time breakdown.
+    cumulative time breakdown. A run resumed after `first_update` updates counts
+    on from there; its steps/s count only the updates made since.
     """
 
     def __init__(self, logger: RunLogger, timings: Timings, log_every: int, steps_per_update: int,
-                 num_updates: int):
+                 num_updates: int, first_update: int = 0):
         self.logger, self.timings = logger, timings
         self.log_every, self.steps_per_update, self.num_updates = log_every, steps_per_update, num_updates
+        self.first_update = first_update
         self.start = time.perf_counter()
         self.last_return = None
         self.lags: list[int] = []  # every trajectory's lag, over the run
-        self.updates = 0
-        self.newest_version = 0
+        self.updates = first_update
+        self.newest_version = first_update
         self.dropped = self.resets = 0
         self._reset_interval()
 
@@ -57,7 +59,7 @@ class IntervalLog:
         row = {name: float(np.mean([m[name] for m in self.metrics])) for name in self.metrics[0]}
         row.update(
             env_steps=env_steps,
-            sps=env_steps / (time.perf_counter() - self.start),
+            sps=(self.updates - self.first_update) * self.steps_per_update / (time.perf_counter() - self.start),
             episode_return_mean=float(returns.mean()) if returns.size else None,
             episode_length_mean=float(lengths.mean()) if lengths.size else None,
             episodes=int(returns.size),

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 
+from podracer import parallel
 from podracer.types import TrainState
 
 
@@ -28,8 +29,10 @@ class ParamsStore:
     def publish(self, state: TrainState, version: int) -> None:
         """Copy `state`'s policy to every actor device and make it the newest."""
         copies = {}
+        # `state` may be replicated over other processes' devices too: copy this process's replica.
+        policy = parallel.local_replica((state.params, state.obs_stats))
         for device in self._devices:
-            params, obs_stats = jax.device_put((state.params, state.obs_stats), device)
+            params, obs_stats = jax.device_put(policy, device)
             copies[device] = PublishedPolicy(params, obs_stats, version)
         with self._changed:
             self._copies, self._version = copies, version
