@@ -13,10 +13,11 @@ import numpy as np
 
 from podracer import parallel
 from podracer.checkpoint import stop_on_signals
-from podracer.config import NetworkConfig, OptimConfig, RunConfig, make_optimizer
+from podracer.config import LogConfig, NetworkConfig, OptimConfig, RunConfig, make_optimizer
 from podracer.errors import Interrupted, PodracerError
 from podracer.logger import RunLogger, prepare_run_dir
 from podracer.networks import init_params, make_network
+from podracer.profile import make_profiler
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.sebulba.actor import ActorSettings, make_policy_step, run_actor
 from podracer.sebulba.config import DeviceSplit, Layout, SebulbaConfig, make_layout, split_devices
@@ -96,17 +97,18 @@ def train_ppo_from_configs(configs: dict[str, Any]):
     """The launcher's entry point: `train_ppo` on the config sections, CPU work inline."""
     run_cpu_work_inline()
     return train_ppo(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],
-                     configs["network"])
+                     configs["network"], log_config=configs["logging"])
 
 
 def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
-              optim: OptimConfig, net: NetworkConfig, devices=None):
+              optim: OptimConfig, net: NetworkConfig, devices=None, log_config: LogConfig = LogConfig()):
     """Train PPO with Sebulba on `devices` (default: this host's); returns (summary, final state).
 
     Actor threads step envpool environments on the host and act on their actor
     device; the learner updates on the learner devices. SIGINT/SIGTERM stop
     every thread and raise `Interrupted` (after writing the summary); a failure
-    in any thread stops every thread and is re-raised.
+    in any thread stops every thread and is re-raised. With `log_config.profile`
+    the summary gets a per-thread time breakdown (`podracer.profile`).
     """
     setup = build(run, ppo_config, sebulba, optim, net, devices)
     layout, split = setup.layout, setup.split
@@ -114,7 +116,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     logger = RunLogger(run.run_dir, setup.num_updates * layout.steps_per_update)
     actor_key, learner_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(run.seed), 1))
 
-    control, timings = Control(), Timings()
+    profiler = make_profiler(log_config, run.run_dir)
+    control, timings = Control(), profiler or Timings()
     store = ParamsStore(split.actor)
     store.publish(setup.state, 0)
     policy_step = make_policy_step(setup.network.apply, ppo_config)
@@ -141,12 +144,15 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
 
     learner = threading.Thread(target=control.guard(learn, "learner thread"), name="sebulba-learner",
                                daemon=True)
+    if profiler:
+        profiler.start()
     train_start = log.start = time.perf_counter()
     with stop_on_signals() as signalled:
         for thread in (*actors, learner):
             thread.start()
         wait_for_threads(control, learner, actors, interrupted=lambda: bool(signalled))
     train_s = time.perf_counter() - train_start
+    profiled = {"profile": profiler.stop()} if profiler else {}
     totals = timings.totals()
     env_steps = log.updates * layout.steps_per_update
     summary = logger.summary({
@@ -162,8 +168,9 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         "compile_s": setup.compile_s,
         "train_s": train_s,
         **as_metrics(totals),
+        **profiled,
     })
-    if logger.enabled:
+    if logger.enabled and not profiler:  # a profile prints its own, fuller table
         logger.stream.write(format_breakdown(totals, train_s))
         logger.stream.flush()
     if signalled:
