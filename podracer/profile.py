@@ -43,6 +43,9 @@ from typing import Any, Iterator, NamedTuple
 
 from podracer.timing import Timings
 
+# The clock every measurement reads; a module attribute so that tests can drive it.
+clock = time.perf_counter
+
 OTHER = "other (unmeasured)"
 TRACE_WRITE = "profiler_trace_write"  # the profiler's own: writing the trace once it is long enough
 
@@ -95,7 +98,7 @@ class Profiler(Timings):
             raise RuntimeError(f"profiled operation {name!r} nested inside {local.inside!r}; "
                                f"measured operations must not nest")
         local.inside = name
-        start = time.perf_counter()
+        start = clock()
         try:
             if self._annotate:
                 with _trace_annotation(name):
@@ -103,7 +106,7 @@ class Profiler(Timings):
             else:
                 yield
         finally:
-            end = time.perf_counter()
+            end = clock()
             local.inside = None
             self._record(name, end - start)
             if end >= self._trace_deadline:
@@ -134,9 +137,9 @@ class Profiler(Timings):
             options.python_tracer_level = 0
             jax.profiler.start_trace(self.trace_dir, profiler_options=options)
             self._annotate = True
-            self._trace_start = time.perf_counter()
+            self._trace_start = clock()
         self.overhead = calibrate(self._annotate)
-        self._start = time.perf_counter()
+        self._start = clock()
         if self._annotate:
             self._trace_deadline = self._start + self.trace_s
 
@@ -149,10 +152,10 @@ class Profiler(Timings):
 
             self._annotate = False
             self._trace_deadline = math.inf
-            start = time.perf_counter()
+            start = clock()
             self._trace_window_s = start - self._trace_start
             jax.profiler.stop_trace()
-            seconds = time.perf_counter() - start
+            seconds = clock() - start
         if record:
             self._record(TRACE_WRITE, seconds)
 
@@ -160,7 +163,7 @@ class Profiler(Timings):
         """Stop the wall clock and the trace; the report (see `breakdown`) with the trace's findings."""
         if self._start is None:
             raise RuntimeError("Profiler.stop() before start()")
-        wall_s = time.perf_counter() - self._start
+        wall_s = clock() - self._start
         with self._lock:
             records = {key: (seconds, calls) for key, (seconds, calls) in self._records.items()}
             threads = {role: len(names) for role, names in self._threads.items()}
@@ -218,15 +221,15 @@ def calibrate(annotate: bool, calls: int = 1000, repeats: int = 5) -> Overhead:
     for _ in range(repeats):
         scratch = Profiler()
         scratch._annotate = annotate
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             pass
-        loop_s = time.perf_counter() - start  # the loop itself is not instrumentation
-        start = time.perf_counter()
+        loop_s = clock() - start  # the loop itself is not instrumentation
+        start = clock()
         for _ in range(calls):
             with scratch.measure("calibration"):
                 pass
-        elapsed = time.perf_counter() - start - loop_s
+        elapsed = clock() - start - loop_s
         per_call.append(elapsed / calls)
         inside.append(scratch.totals()["calibration"] / calls)
     inside_s = statistics.median(inside)
