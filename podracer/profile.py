@@ -358,8 +358,8 @@ def format_profile(report: dict[str, Any]) -> str:
     lines = [f"where the time went: {report['wall_s']:.2f} s of wall time; each share is of its "
              f"thread's wall time (xN: the mean over N threads), seconds are thread-seconds"]
     for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                                      for i, (cell, w) in enumerate(zip(row, widths))))
+        lines.append(("  " + "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
+                                       for i, (cell, w) in enumerate(zip(row, widths)))).rstrip())
     lines.append(f"instrumentation overhead subtracted: {report['overhead_correction_s']:.3f} "
                  f"thread-seconds ({100 * report['overhead_share']:.2f} % of the thread time; "
                  f"{_duration(report['overhead_per_call_s'])} per call)")

@@ -253,8 +253,9 @@ def _configs(tmp_path, name, *flags):
 def test_anakin_profile_mode_times_the_phases_of_the_same_computation(tmp_path):
     from podracer.anakin.train import train_ppo
 
-    flags = ("--total-steps=2048", "--num-envs=16", "--rollout-len=32", "--updates-per-call=2")
-    devices = jax.devices()[:2]
+    flags = ("--total-steps=2048", "--num-envs=16", "--rollout-len=32", "--updates-per-call=2",
+             "--epochs=1", "--minibatches=2")
+    devices = jax.devices()[:1]
     fused, _ = train_ppo(_configs(tmp_path, "fused", *flags), devices)
     profiled, _ = train_ppo(_configs(tmp_path, "profiled", *flags, "--profile",
                                      "--profile-trace-s=0"), devices)
