@@ -32,7 +32,6 @@ Operations must not nest on one thread (a nested one would be counted twice);
 from __future__ import annotations
 
 import contextlib
-import glob
 import math
 import os
 import re
@@ -42,6 +41,7 @@ import time
 from typing import Any, Iterator, NamedTuple
 
 from podracer.timing import Timings
+from podracer.trace import device_busy_share, newest_trace
 
 # The clock every measurement reads; a module attribute so that tests can drive it.
 clock = time.perf_counter
@@ -290,61 +290,6 @@ def breakdown(records: dict[tuple[str, str], tuple[float, int]], threads: dict[s
     }
 
 
-def newest_trace(trace_dir: str) -> str | None:
-    """The latest `<host>.xplane.pb` that `jax.profiler` wrote under `trace_dir`."""
-    files = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.xplane.pb"))
-    return max(files, key=os.path.getmtime) if files else None
-
-
-# Lines of a device plane that hold the device's op executions, in order of
-# preference: XLA's per-op line (TPU, and GPU once derived), else the raw GPU
-# streams. Module- and step-level lines span idle gaps between ops.
-_OP_LINES = ("XLA Ops",)
-_STREAM_PREFIX = "Stream"
-
-
-def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of `(start, end)` intervals (same unit in and out)."""
-    total, current_start, current_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
-
-
-def device_planes_busy(space, window_s: float) -> tuple[float | None, str | None]:
-    """Mean over device planes of the share of `window_s` with an op running; (None, why) if none."""
-    planes = [plane for plane in space.planes if plane.name.startswith("/device:")]
-    if not planes:
-        return None, ("the trace has no device plane: this backend (CPU) runs XLA on host "
-                      "threads, so there is no separate device to be busy or idle")
-    shares = []
-    for plane in planes:
-        lines = list(plane.lines)
-        chosen = ([line for line in lines if line.name in _OP_LINES]
-                  or [line for line in lines if line.name.startswith(_STREAM_PREFIX)])
-        intervals = [(event.start_ns, event.end_ns) for line in chosen for event in line.events]
-        shares.append(busy_seconds(intervals) * 1e-9 / window_s)
-    return sum(shares) / len(shares), None
-
-
-def device_busy_share(trace_file: str, window_s: float) -> tuple[float | None, str | None]:
-    """`device_planes_busy` of the `.xplane.pb` at `trace_file`."""
-    from jax.profiler import ProfileData
-
-    try:
-        space = ProfileData.from_file(trace_file)
-    except Exception as err:  # noqa: BLE001 - a trace we cannot read must not fail the run
-        return None, f"could not read {trace_file}: {err}"
-    return device_planes_busy(space, window_s)
-
-
 def format_profile(report: dict[str, Any]) -> str:
     """The profile as a table: role, operation, seconds, share of wall, calls, mean per call."""
     rows = [("thread", "operation", "seconds", "share", "calls", "mean/call")]
@@ -355,7 +300,7 @@ def format_profile(report: dict[str, Any]) -> str:
                      "" if row["calls"] is None else f"{row['calls']:,}",
                      "" if row["mean_s"] is None else _duration(row["mean_s"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [f"where the time went: {report['wall_s']:.2f} s of wall time; each share is of its "
+    lines = [f"where the time went: {report['wall_s']:.2f} s of training (wall time); each share is of its "
              f"thread's wall time (xN: the mean over N threads), seconds are thread-seconds"]
     for row in rows:
         lines.append(("  " + "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
@@ -367,7 +312,7 @@ def format_profile(report: dict[str, Any]) -> str:
         busy = report["device_busy_share"]
         lines.append("device busy: " + (f"{100 * busy:.1f} % of the traced window "
                                         f"({report['trace_window_s']:.1f} s)" if busy is not None
-                                        else f"n/a ({report['device_busy_note']})"))
+                                        else f"n/a, {report['device_busy_note']}"))
     if report.get("trace_file"):
         lines.append(f"trace: {report['trace_file']} (tensorboard --logdir {report['trace_dir']})")
     if report.get("note"):

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import LAUNCHER, PYTHON
 from podracer import profile
-from podracer.profile import OTHER, Profiler, device_planes_busy, format_profile
+from podracer.profile import OTHER, Profiler, format_profile
+from podracer.trace import device_planes_busy
 
 TICK = 1e-6
 
