@@ -205,8 +205,12 @@ def _trainer(arch: str, algo: str):
         from podracer.anakin.train_es import train_es
 
         return train_es
-    raise PodracerError(f"--arch={arch} --algo={algo} is not available yet; "
-                        f"use --arch=anakin with --algo=ppo or --algo=es")
+    if (arch, algo) == ("sebulba", "es"):
+        from podracer.sebulba.train_es import train_es_from_configs
+
+        return train_es_from_configs
+    raise PodracerError(f"--arch={arch} --algo={algo} is not available; "
+                        f"use --arch=anakin or --arch=sebulba with --algo=ppo or --algo=es")
 
 
 # Launcher verbs handled by the TPU provisioner rather than by training.

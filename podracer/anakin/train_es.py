@@ -22,7 +22,7 @@ from podracer.networks import make_policy_network
 from podracer.profile import make_profiler, no_measure
 
 
-def _es_row(metrics) -> dict:
+def es_row(metrics) -> dict:
     """One call's ES metrics (stacked over its generations) as one log row."""
     metrics = parallel.to_host(metrics)
     row = {"mean_params_return": float(metrics.pop("mean_params_return"))}
@@ -100,7 +100,7 @@ def train_es(configs: dict[str, Any], devices=None):
     train_start = time.perf_counter()
 
     def record(call: int, metrics) -> None:
-        row = _es_row(metrics)
+        row = es_row(metrics)
         done = call + 1 - start_call
         elapsed = time.perf_counter() - train_start
         generations = (call + 1) * es_config.generations_per_call

@@ -13,7 +13,8 @@ a network's parameters with `jax.flatten_util.ravel_pytree`:
 
 Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`. From
 settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`; Anakin ES
-(gymnax rollouts on every device) is `podracer.anakin.es.make_anakin_es`.
+(gymnax rollouts on every device) is `podracer.anakin.es.make_anakin_es`; Sebulba ES
+(envpool actor threads) is `podracer.sebulba.train_es.train_es`.
 """
 
 from podracer.es.ars import ARSState, ars_step, make_ars

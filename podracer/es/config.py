@@ -29,7 +29,7 @@ class ESConfig:
     variant: str = "openai"
     """openai (Adam on the search gradient), ars_v1 (ARS) or ars_v2 (ARS with online observation normalisation)."""
     population: int = 64
-    """Members per generation, even (antithetic pairs: for ARS, twice the directions); split evenly over every device."""
+    """Members per generation, even (antithetic pairs: for ARS, twice the directions); split evenly over every device (Anakin) or actor thread (Sebulba)."""
     sigma: float = 0.05
     """Standard deviation of the parameter perturbations (ARS's exploration noise nu)."""
     es_lr: float = 0.03
@@ -41,11 +41,11 @@ class ESConfig:
     episodes_per_member: int = 1
     """Episodes each member is evaluated on; its fitness is their mean return."""
     horizon: int = 0
-    """Environment steps per evaluation episode (0: the environment's own time limit)."""
+    """Anakin: environment steps per evaluation episode (0: the environment's own time limit)."""
     generations_per_call: int = 10
-    """Generations fused into one jitted call; the host syncs (and logs) between calls."""
+    """Anakin: generations fused into one jitted call; the host syncs (and logs) between calls."""
     eval_episodes: int = 16
-    """Episodes the mean parameters are evaluated on after each call (mean_params_return)."""
+    """Episodes the mean parameters are evaluated on after each call (Anakin) or in each generation (Sebulba): mean_params_return."""
 
     def __post_init__(self):
         if self.variant not in VARIANTS:

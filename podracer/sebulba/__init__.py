@@ -6,6 +6,9 @@ Actor threads (`actor.py`) step envpool batches (`envs.py`) and assemble
 trajectories (`trajectory.py`); the learner (`learner.py`) runs
 `podracer.ppo.make_update` under `jit(shard_map)` over the learner devices and
 publishes parameters back (`params.py`); `control.py` stops them all together.
+Evolution strategies reuse the same threads, devices and controls: envpool
+slots play population members (`es.py`, `es_actor.py`), driven by
+`podracer.sebulba.train_es.train_es`.
 """
 
 from podracer.sebulba.config import DeviceSplit, Layout, SebulbaConfig, make_layout, split_devices

@@ -103,7 +103,14 @@ class EnvPoolEnvs:
         self._resetting = np.ones(num_envs, bool)
 
     def start(self) -> None:
-        """Reset every environment; results arrive through `recv`."""
+        """Reset every environment, also mid-episode; results arrive through `recv`.
+
+        Episode bookkeeping restarts with them: ES resets its environments at
+        the start of every generation, leaving unfinished episodes behind.
+        """
+        self._return[:] = 0.0
+        self._length[:] = 0
+        self._resetting[:] = True
         self._pool.async_reset()
 
     def send(self, action: np.ndarray, env_ids: np.ndarray) -> None:
