@@ -287,3 +287,17 @@ def test_anakin_es_profile_mode_times_evaluate_and_tell(tmp_path):
     main = _rows(profiled["profile"], "main")
     assert main["evaluate"]["calls"] == main["tell"]["calls"] == profiled["generations"] == 6
     assert main["evaluate_mean"]["calls"] == 2
+
+
+def test_sebulba_es_profile_attributes_actor_and_learner_time(tmp_path):
+    from podracer.sebulba.train_es import train_es
+
+    configs = _configs(tmp_path, "sebulba-es", "--arch=sebulba", "--algo=es", "--population=16",
+                       "--total-steps=20000", "--profile", "--profile-trace-s=0")
+    summary, _ = train_es(configs, jax.devices()[:2])
+    report = summary["profile"]
+    actors, learner = _rows(report, "sebulba-es-actor"), _rows(report, "sebulba-es-learner")
+    for name in ("env_step", "inference", "member_params", "actor_params_wait", "actor_queue_wait"):
+        assert actors[name]["calls"] > 0, name
+    assert learner["learner_update"]["calls"] == learner["logging"]["calls"] == summary["generations"]
+    assert report["roles"]["sebulba-es-learner"]["measured_share"] > 0.5
