@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Any, Iterator, NamedTuple
 
+import jax
+
 from podracer.timing import Timings
 from podracer.trace import device_busy_share, newest_trace
 
@@ -101,7 +103,7 @@ class Profiler(Timings):
         start = clock()
         try:
             if self._annotate:
-                with _trace_annotation(name):
+                with jax.profiler.TraceAnnotation(name):
                     yield
             else:
                 yield
@@ -128,8 +130,6 @@ class Profiler(Timings):
     def start(self) -> None:
         """Start the trace (if `trace_dir`), calibrate the overhead, then start the wall clock."""
         if self.trace_dir is not None:
-            import jax
-
             os.makedirs(self.trace_dir, exist_ok=True)
             options = jax.profiler.ProfileOptions()
             # Python's tracer hooks every Python call: it would slow the host
@@ -148,8 +148,6 @@ class Profiler(Timings):
         with self._trace_lock:
             if not self._annotate:
                 return
-            import jax
-
             self._annotate = False
             self._trace_deadline = math.inf
             start = clock()
@@ -192,22 +190,15 @@ def make_profiler(config, run_dir: str) -> Profiler | None:
     """The run's profiler when `config` (a `LogConfig`) asks for `--profile`, else None."""
     if not config.profile:
         return None
-    return Profiler(run_trace_dir(run_dir) if config.profile_trace_s > 0 else None, config.profile_trace_s)
+    trace_dir = run_trace_dir(run_dir) if config.profile_trace_s > 0 else None
+    return Profiler(trace_dir, config.profile_trace_s)
 
 
 def run_trace_dir(run_dir: str) -> str:
     """Where a run's trace goes: `RUN_DIR/profile` (`RUN_DIR/profile/process<k>` with several processes)."""
-    import jax
-
     if jax.process_count() > 1:  # each process traces itself; one host's would overwrite another's
         return os.path.join(run_dir, "profile", f"process{jax.process_index()}")
     return os.path.join(run_dir, "profile")
-
-
-def _trace_annotation(name: str):
-    import jax
-
-    return jax.profiler.TraceAnnotation(name)
 
 
 def calibrate(annotate: bool, calls: int = 1000, repeats: int = 5) -> Overhead:
