@@ -78,6 +78,14 @@ class LogConfig:
     """Also log to Weights & Biases (needs `pip install wandb` and a login)."""
     wandb_project: str = "podracer"
     """Weights & Biases project name."""
+    profile: bool = False
+    """Attribute the run's wall time to named operations (a table, also in summary.json) and write a jax.profiler trace to RUN_DIR/profile; Anakin then runs its phases as separate programs."""
+    profile_trace_s: float = 5.0
+    """With --profile: seconds of training the trace covers (the time table covers the whole run; on CPU a trace grows by tens of MB a second); 0 for no trace."""
+
+    def __post_init__(self):
+        if self.profile_trace_s < 0:
+            raise ValueError(f"--profile-trace-s must be >= 0, got {self.profile_trace_s}")
 
 
 def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:

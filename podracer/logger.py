@@ -156,7 +156,12 @@ class RunLogger:
                 self.stream.write("\n")
             width = max(len(key) for key in summary)
             self.stream.write("summary\n" + "".join(
-                f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()))
+                f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()
+                if key != "profile"))
+            if summary.get("profile"):
+                from podracer.profile import format_profile
+
+                self.stream.write(format_profile(summary["profile"]))
             self.stream.flush()
         return summary
 

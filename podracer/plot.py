@@ -106,10 +106,13 @@ def plot(run_dirs: list[str], out: str) -> str:
     axes[0].legend(fontsize=8)
     if profiles:
         run_dir, profile = profiles[0]
-        names = [row["operation"] for row in profile["operations"]]
-        shares = [100 * row["share"] for row in profile["operations"]]
-        axes[2].barh(names[::-1], shares[::-1])
-        axes[2].set_xlabel("share of wall time (%)")
+        rows = profile["operations"][::-1]  # barh draws bottom-up: keep the table's order
+        # A row's share is of its own thread's time (`podracer.profile`): label each with it.
+        names = [f"{row['thread']}: {row['operation']}" if "thread" in row else row["operation"]
+                 for row in rows]
+        axes[2].barh(names, [100 * row["share"] for row in rows])
+        axes[2].tick_params(axis="y", labelsize=7)
+        axes[2].set_xlabel("share of its thread's wall time (%)")
         axes[2].set_title(f"time breakdown: {os.path.basename(os.path.normpath(run_dir))}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)

@@ -128,20 +128,17 @@ def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normal
     return fitness
 
 
-def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
-                   strategy: es.Strategy | None = None):
-    """Build the jitted `init(key) -> runner` and `step(runner) -> (runner, metrics)`.
+class _ESParts(NamedTuple):
+    layout: ESLayout
+    strategy: es.Strategy
+    member_fitness: Callable  # (flat_params, key, obs_stats) -> (fitness, seen)
+    evaluate_mean: Callable  # (mean, obs_stats, key) -> mean return, over the mesh
+    init: Callable  # key -> ESRunner
 
-    `step` runs `config.generations_per_call` generations over every device of
-    `mesh` and donates its input. Its metrics are the strategy's, stacked over
-    those generations (`fitness_mean`, `fitness_max`, ...), plus the scalar
-    `mean_params_return`: the new mean parameters' mean return over
-    `config.eval_episodes` episodes (split over the devices).
 
-    `strategy` replaces the one `config` describes (`make_strategy(config)`), e.g.
-    a custom `init / ask / tell` whose state has the flat policy parameters in
-    `mean`; its population must be `config.population`.
-    """
+def _make_parts(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+                strategy: es.Strategy | None) -> _ESParts:
+    """What the fused step and the profile-mode phases share."""
     layout = make_es_layout(config, env, mesh)
     strategy = make_strategy(config) if strategy is None else strategy
     if strategy.population_size != config.population:
@@ -156,18 +153,6 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
     member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, normalize)
 
-    if normalize:
-        generations = es.make_sharded_step_normalized(
-            strategy, member_fitness, mesh, generations_per_call=config.generations_per_call)
-    else:
-        sharded = es.make_sharded_step(
-            strategy, lambda params, key: member_fitness(params, key, None)[0], mesh,
-            generations_per_call=config.generations_per_call)
-
-        def generations(state, obs_stats, key):
-            state, metrics = sharded(state, key)
-            return state, obs_stats, metrics
-
     # Evaluation episodes are split over the devices by global index, so the
     # figure does not depend on the device count.
     eval_per_device = -(-config.eval_episodes // layout.num_devices)
@@ -179,20 +164,87 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
         total = parallel.psum(jnp.sum(jnp.where(index < config.eval_episodes, returns, 0.0)), axes)
         return total / config.eval_episodes
 
-    evaluate_mean = jax.shard_map(evaluate_mean, mesh=mesh, in_specs=P(), out_specs=P())
-
     def init(key):
         param_key, run_key = jax.random.split(key)
         flat, _ = ravel_pytree(policy.init(param_key, dummy_obs))
         return ESRunner(strategy.init(flat), es.init_running_stats(obs_dim), run_key)
 
+    evaluate_mean = jax.shard_map(evaluate_mean, mesh=mesh, in_specs=P(), out_specs=P())
+    return _ESParts(layout, strategy, member_fitness, evaluate_mean, init)
+
+
+def _split_keys(key: jax.Array, generations: int):
+    """(next key, one key per generation of the call, key of the mean-parameters evaluation)."""
+    key, generations_key, eval_key = jax.random.split(key, 3)
+    return key, jax.random.split(generations_key, generations), eval_key
+
+
+def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+                   strategy: es.Strategy | None = None):
+    """Build the jitted `init(key) -> runner` and `step(runner) -> (runner, metrics)`.
+
+    `step` runs `config.generations_per_call` generations over every device of
+    `mesh` and donates its input. Its metrics are the strategy's, stacked over
+    those generations (`fitness_mean`, `fitness_max`, ...), plus the scalar
+    `mean_params_return`: the new mean parameters' mean return over
+    `config.eval_episodes` episodes (split over the devices).
+
+    `strategy` replaces the one `config` describes (`make_strategy(config)`), e.g.
+    a custom `init / ask / tell` whose state has the flat policy parameters in
+    `mean`; its population must be `config.population`.
+    """
+    parts = _make_parts(env, policy, config, mesh, strategy)
+    member_fitness = parts.member_fitness
+    if config.normalize_observations:
+        generations = es.make_sharded_step_normalized(
+            parts.strategy, member_fitness, mesh, generations_per_call=config.generations_per_call)
+    else:
+        sharded = es.make_sharded_step(
+            parts.strategy, lambda params, key: member_fitness(params, key, None)[0], mesh,
+            generations_per_call=config.generations_per_call)
+
+        def generations(state, obs_stats, key):
+            state, metrics = sharded(state, key)
+            return state, obs_stats, metrics
+
     def step(runner: ESRunner):
         key, generations_key, eval_key = jax.random.split(runner.key, 3)
         state, obs_stats, metrics = generations(runner.strategy, runner.obs_stats,
                                                 generations_key)
-        metrics = dict(metrics, mean_params_return=evaluate_mean(state.mean, obs_stats, eval_key))
+        metrics = dict(metrics, mean_params_return=parts.evaluate_mean(state.mean, obs_stats, eval_key))
         return ESRunner(state, obs_stats, key), metrics
 
     everywhere = parallel.replicated(mesh)
-    return (jax.jit(init, out_shardings=everywhere),
+    return (jax.jit(parts.init, out_shardings=everywhere),
             jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
+
+
+class ESPhases(NamedTuple):
+    """One `make_anakin_es` step as separate jitted programs (profile mode), all replicated."""
+
+    split_keys: Callable  # runner key -> (next key, [generations_per_call] keys, evaluation key)
+    evaluate: Callable  # (state, obs_stats, generation key) -> (ask_key, fitness, seen)
+    tell: Callable  # (state, obs_stats, ask_key, fitness, seen) -> (state, obs_stats, metrics)
+    evaluate_mean: Callable  # (mean, obs_stats, evaluation key) -> mean return
+
+
+def make_anakin_es_phases(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+                          strategy: es.Strategy | None = None) -> ESPhases:
+    """The phases of `make_anakin_es`'s step, to run and time one by one.
+
+    Run in order (`podracer.anakin.profiled.make_profiled_es_step`) they
+    compute the same generations with the same keys as the fused step.
+    """
+    parts = _make_parts(env, policy, config, mesh, strategy)
+    normalize = config.normalize_observations
+    fitness = parts.member_fitness if normalize else (
+        lambda params, key, _: (parts.member_fitness(params, key, None)[0], ()))
+    evaluate, tell = es.make_sharded_phases(parts.strategy, fitness, mesh, normalize=normalize)
+    everywhere = parallel.replicated(mesh)
+    jit = lambda fn: jax.jit(fn, in_shardings=everywhere, out_shardings=everywhere)
+
+    def split_keys(key):
+        key, generation_keys, eval_key = _split_keys(key, config.generations_per_call)
+        return key, tuple(generation_keys), eval_key  # one array per generation: no indexing on the host
+
+    return ESPhases(jit(split_keys), evaluate, tell, jit(parts.evaluate_mean))

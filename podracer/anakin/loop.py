@@ -69,19 +69,21 @@ def _env_keys(key: jax.Array, num_local: int, axis_names) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
 
 
-def make_anakin(
-    env: GymnaxEnv,
-    network,
-    optimizer: optax.GradientTransformation,
-    ppo_config: PPOConfig,
-    config: AnakinConfig,
-    mesh: Mesh,
-) -> tuple[Callable[[jax.Array], RunnerState], Callable[[RunnerState], tuple[RunnerState, Any]]]:
-    """Build the jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)`.
+class Experience(NamedTuple):
+    """What acting hands to learning: one rollout and the keys and counts that go with it."""
 
-    `train` runs `config.updates_per_call` updates and donates its input. Its
-    metrics are stacked over those updates: the PPO losses plus `episodes`,
-    `episode_return_sum` and `episode_length_sum` of episodes that ended.
+    batch: Transition  # [T, B, ...], sharded along B
+    bootstrap_value: jax.Array  # [B], sharded
+    update_key: jax.Array  # replicated
+    episodes: dict  # episodes that ended during the rollout: count, return and length sums (psum'ed)
+
+
+def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation,
+                ppo_config: PPOConfig, config: AnakinConfig, mesh: Mesh):
+    """Per-device `init(key)`, `act(runner) -> (runner, experience)` and `learn(train, experience)`.
+
+    One update is `act` then `learn`; Anakin fuses them into one program,
+    profile mode compiles them apart. Returns them with the mesh axes they use.
     """
     layout = make_layout(config, ppo_config, mesh)
     # On one device there is nothing to average: no collectives at all (XLA keeps
@@ -89,7 +91,7 @@ def make_anakin(
     axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 else ()
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
-    act = make_act(apply_fn, ppo_config)
+    act_fn = make_act(apply_fn, ppo_config)
     local_envs = layout.envs_per_device
 
     def _rollout_keys(key):
@@ -108,11 +110,11 @@ def make_anakin(
 
     def env_step(params, obs_stats, carry, keys):
         env_state, obs = carry
-        action, log_prob, value = act(params, obs_stats, obs, keys[:, 0])
+        action, log_prob, value = act_fn(params, obs_stats, obs, keys[:, 0])
         env_state, ts = jax.vmap(env.step)(keys[:, 1], env_state, action)
         return (env_state, ts.obs), (obs, action, log_prob, value, ts)
 
-    def train_step(runner: RunnerState, _):
+    def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
         train = runner.train
         step = lambda c, k: env_step(train.params, train.obs_stats, c, k)
@@ -125,25 +127,86 @@ def make_anakin(
         _, bootstrap_value = apply_fn(train.params, policy_inputs(obs, train.obs_stats, ppo_config))
         batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
                            final_value)
-        train, metrics = update(train, batch, bootstrap_value, update_key)
         done = jnp.logical_or(ts.terminated, ts.truncated)
-        # For the NaN guard: checked on the host before anything is saved.
-        metrics["params_finite"] = jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(train.params)]))
-        metrics.update(parallel.psum({
+        episodes = parallel.psum({
             "episodes": done.sum(),
             "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),
             "episode_length_sum": jnp.where(done, ts.episode_length, 0).sum(),
-        }, axes))
-        return RunnerState(train, env_state, obs, key), metrics
+        }, axes)
+        return (RunnerState(train, env_state, obs, key),
+                Experience(batch, bootstrap_value, update_key, episodes))
+
+    def learn(train: TrainState, experience: Experience):
+        train, metrics = update(train, experience.batch, experience.bootstrap_value,
+                                experience.update_key)
+        # For the NaN guard: checked on the host before anything is saved.
+        metrics["params_finite"] = jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(train.params)]))
+        metrics.update(experience.episodes)
+        return train, metrics
+
+    return init, act, learn, axes
+
+
+_RUNNER_SPECS = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS),
+                            key=P())
+_EXPERIENCE_SPECS = Experience(batch=parallel.TIME_MAJOR_SPEC, bootstrap_value=P(parallel.DATA_AXIS),
+                               update_key=P(), episodes=P())
+
+
+def make_anakin(
+    env: GymnaxEnv,
+    network,
+    optimizer: optax.GradientTransformation,
+    ppo_config: PPOConfig,
+    config: AnakinConfig,
+    mesh: Mesh,
+) -> tuple[Callable[[jax.Array], RunnerState], Callable[[RunnerState], tuple[RunnerState, Any]]]:
+    """Build the jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)`.
+
+    `train` runs `config.updates_per_call` updates and donates its input. Its
+    metrics are stacked over those updates: the PPO losses plus `episodes`,
+    `episode_return_sum` and `episode_length_sum` of episodes that ended.
+    """
+    init, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh)
+
+    def train_step(runner: RunnerState, _):
+        runner, experience = act(runner)
+        train, metrics = learn(runner.train, experience)
+        return runner._replace(train=train), metrics
 
     def train(runner):
         return jax.lax.scan(train_step, runner, length=config.updates_per_call)
 
-    specs = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS), key=P())
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
     check = bool(axes)
-    init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=check))
-    train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(specs,), out_specs=(specs, P()),
-                                          check_vma=check), donate_argnums=0)
+    init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=_RUNNER_SPECS,
+                                         check_vma=check))
+    train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(_RUNNER_SPECS,),
+                                          out_specs=(_RUNNER_SPECS, P()), check_vma=check),
+                            donate_argnums=0)
     return init_sharded, train_sharded
+
+
+def make_anakin_phases(
+    env: GymnaxEnv,
+    network,
+    optimizer: optax.GradientTransformation,
+    ppo_config: PPOConfig,
+    config: AnakinConfig,
+    mesh: Mesh,
+) -> tuple[Callable, Callable]:
+    """One update as two jitted, sharded programs, for profile mode to time apart.
+
+    `act(runner) -> (runner, experience)` steps the environments for one
+    rollout; `learn(train, experience) -> (train, metrics)` is the PPO update.
+    Together they compute what one step of `make_anakin`'s `train` computes,
+    with one host round trip in between instead of none.
+    """
+    _, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh)
+    check = bool(axes)
+    act_sharded = jax.jit(jax.shard_map(act, mesh=mesh, in_specs=(_RUNNER_SPECS,),
+                                        out_specs=(_RUNNER_SPECS, _EXPERIENCE_SPECS), check_vma=check))
+    learn_sharded = jax.jit(jax.shard_map(learn, mesh=mesh, in_specs=(P(), _EXPERIENCE_SPECS),
+                                          out_specs=(P(), P()), check_vma=check))
+    return act_sharded, learn_sharded

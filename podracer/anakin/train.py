@@ -12,14 +12,16 @@ import numpy as np
 
 from podracer import parallel
 from podracer.anakin.env import make_env
-from podracer.anakin.loop import make_anakin, make_layout
+from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
+from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
-from podracer.config import make_optimizer
+from podracer.config import LogConfig, make_optimizer
 from podracer.data.config import DataConfig
 from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
 from podracer.errors import Interrupted, PodracerError
 from podracer.logger import RunLogger, prepare_run_dir, start_wandb
 from podracer.networks import make_network
+from podracer.profile import make_profiler, no_measure
 
 
 def _interval_metrics(metrics) -> dict:
@@ -38,8 +40,8 @@ def _interval_metrics(metrics) -> dict:
     return row
 
 
-def build(configs: dict[str, Any], devices=None):
-    """Environment, mesh, sizes, network and the jitted `init`/`train` for a run."""
+def build(configs: dict[str, Any], devices=None, profile: bool = False):
+    """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases."""
     run, ppo_config, anakin = configs["run"], configs["ppo"], configs["anakin"]
     if run.total_steps <= 0:
         raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
@@ -55,7 +57,8 @@ def build(configs: dict[str, Any], devices=None):
     optimizer = make_optimizer(configs["optimizer"],
                                num_updates * ppo_config.epochs * ppo_config.minibatches)
     init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh)
-    return env, network, layout, steps_per_call, num_calls, init, train
+    phases = make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh) if profile else None
+    return env, network, layout, steps_per_call, num_calls, init, train, phases
 
 
 def train_ppo(configs: dict[str, Any], devices=None):
@@ -65,13 +68,18 @@ def train_ppo(configs: dict[str, Any], devices=None):
     returns them. A run directory with a checkpoint resumes from it. The `data`
     section can clone the initial policy from a dataset (not when resuming) and
     record the trained policy into a new one (`podracer.data.train_hooks`).
+    With `--profile`, acting and learning run as two programs, timed apart
+    (`podracer.anakin.profiled`), and the summary gets the time breakdown.
     """
     wall_start = time.perf_counter()
     run = configs["run"]
     data = configs.get("data", DataConfig())
     check_data_config(data, writes=parallel.is_main_process())
     resuming = check_resumable(run.run_dir, configs["checkpoint"], configs)
-    env, network, layout, steps_per_call, num_calls, init, train = build(configs, devices)
+    profiler = make_profiler(configs.get("logging", LogConfig()), run.run_dir)
+    env, network, layout, steps_per_call, num_calls, init, train, phases = build(
+        configs, devices, profile=profiler is not None)
+    measure = profiler.measure if profiler else no_measure
     prepare_run_dir(run.run_dir)
     checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)
 
@@ -83,7 +91,11 @@ def train_ppo(configs: dict[str, Any], devices=None):
     else:  # a resumed run continues from its checkpoint, never from the dataset
         runner, cloned = warm_start(runner, data, env, network, configs["ppo"], run.seed)
     compile_start = time.perf_counter()
-    train = train.lower(runner).compile()
+    if profiler:
+        train = make_profiled_ppo_train(*compile_ppo_phases(*phases, runner),
+                                        configs["anakin"].updates_per_call, measure)
+    else:
+        train = train.lower(runner).compile()
     compile_s = time.perf_counter() - compile_start
 
     every = configs["checkpoint"].checkpoint_every
@@ -93,6 +105,8 @@ def train_ppo(configs: dict[str, Any], devices=None):
                        resume_steps=start_call * steps_per_call,
                        wandb_run=start_wandb(configs) if main_process else None)
     last_saved = start_call * steps_per_call if resuming else None
+    if profiler:
+        profiler.start()
     train_start = time.perf_counter()
 
     def record(call: int, metrics) -> None:
@@ -114,19 +128,23 @@ def train_ppo(configs: dict[str, Any], devices=None):
             for call in range(start_call, num_calls):
                 runner, metrics = train(runner)  # dispatched: the host logs while it runs
                 if pending is not None:
-                    record(*pending)
+                    with measure("logging"):
+                        record(*pending)
                 pending = (call, metrics)
                 last = call + 1 == num_calls
                 stopping = parallel.any_process(bool(stop))  # every process stops at the same call
                 if last or stopping or (save_every_calls and (call + 1) % save_every_calls == 0):
-                    record(*pending)  # the NaN guard runs before anything is saved
+                    with measure("logging"):
+                        record(*pending)  # the NaN guard runs before anything is saved
                     pending = None
-                    checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
+                    with measure("checkpoint"):
+                        checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
                     last_saved = (call + 1) * steps_per_call
                 if stopping:
                     break
             jax.block_until_ready(runner)
             train_s = time.perf_counter() - train_start
+            profiled = {"profile": profiler.stop(NOTE)} if profiler else {}
     finally:
         # Whatever stopped the loop, a save already started is completed, never left half-written.
         checkpointer.wait()
@@ -149,6 +167,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
         "params_fingerprints": parallel.process_fingerprints(runner.train.params),
         **cloned, **recorded,
         "wall_s": time.perf_counter() - wall_start,
+        **profiled,
     })
     if stopping:
         signum = stop.signal or signal.SIGTERM  # another process may have received it

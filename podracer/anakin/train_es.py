@@ -12,11 +12,14 @@ import numpy as np
 
 from podracer import parallel
 from podracer.anakin.env import make_env
-from podracer.anakin.es import make_anakin_es, make_es_layout
+from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
+from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
+from podracer.config import LogConfig
 from podracer.errors import Interrupted, PodracerError
 from podracer.logger import RunLogger, prepare_run_dir, start_wandb
 from podracer.networks import make_policy_network
+from podracer.profile import make_profiler, no_measure
 
 
 def es_row(metrics) -> dict:
@@ -30,8 +33,8 @@ def es_row(metrics) -> dict:
     return row
 
 
-def build(configs: dict[str, Any], devices=None):
-    """Environment, sizes and the jitted `init`/`step` for a run."""
+def build(configs: dict[str, Any], devices=None, profile: bool = False):
+    """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
     run, es_config, net = configs["run"], configs["es"], configs["network"]
     if run.total_steps <= 0:
         raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
@@ -43,7 +46,8 @@ def build(configs: dict[str, Any], devices=None):
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                                  net.hidden, net.activation)
     init, step = make_anakin_es(env, policy, es_config, mesh)
-    return layout, steps_per_call, num_calls, init, step
+    phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
+    return layout, steps_per_call, num_calls, init, step, phases
 
 
 def train_es(configs: dict[str, Any], devices=None):
@@ -58,12 +62,17 @@ def train_es(configs: dict[str, Any], devices=None):
     included: they are computed and masked); the evaluation episodes of the mean
     parameters are extra and not counted. `episode_return_mean` is the mean
     fitness of the population over the call's generations, `mean_params_return`
-    the return of the mean parameters after the call.
+    the return of the mean parameters after the call. With `--profile`, the
+    step's phases run as separate programs, timed apart
+    (`podracer.anakin.profiled`), and the summary gets the time breakdown.
     """
     wall_start = time.perf_counter()
     run, es_config = configs["run"], configs["es"]
     resuming = check_resumable(run.run_dir, configs["checkpoint"], configs)
-    layout, steps_per_call, num_calls, init, step = build(configs, devices)
+    profiler = make_profiler(configs.get("logging", LogConfig()), run.run_dir)
+    layout, steps_per_call, num_calls, init, step, phases = build(configs, devices,
+                                                                  profile=profiler is not None)
+    measure = profiler.measure if profiler else no_measure
     prepare_run_dir(run.run_dir)
     checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)
 
@@ -73,7 +82,10 @@ def train_es(configs: dict[str, Any], devices=None):
         runner, meta = checkpointer.restore(runner)
         start_call = int(meta["calls"])
     compile_start = time.perf_counter()
-    step = step.lower(runner).compile()
+    if profiler:
+        step = make_profiled_es_step(compile_es_phases(phases, runner), measure)
+    else:
+        step = step.lower(runner).compile()
     compile_s = time.perf_counter() - compile_start
 
     every = configs["checkpoint"].checkpoint_every
@@ -83,6 +95,8 @@ def train_es(configs: dict[str, Any], devices=None):
                        resume_steps=start_call * steps_per_call,
                        wandb_run=start_wandb(configs) if main_process else None)
     last_row: dict = {}
+    if profiler:
+        profiler.start()
     train_start = time.perf_counter()
 
     def record(call: int, metrics) -> None:
@@ -102,18 +116,22 @@ def train_es(configs: dict[str, Any], devices=None):
             for call in range(start_call, num_calls):
                 runner, metrics = step(runner)  # dispatched: the host logs while it runs
                 if pending is not None:
-                    record(*pending)
+                    with measure("logging"):
+                        record(*pending)
                 pending = (call, metrics)
                 last = call + 1 == num_calls
                 stopping = parallel.any_process(bool(stop))  # every process stops at the same call
                 if last or stopping or (save_every_calls and (call + 1) % save_every_calls == 0):
-                    record(*pending)
+                    with measure("logging"):
+                        record(*pending)
                     pending = None
-                    checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
+                    with measure("checkpoint"):
+                        checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
                 if stopping:
                     break
             jax.block_until_ready(runner)
             train_s = time.perf_counter() - train_start
+            profiled = {"profile": profiler.stop(NOTE)} if profiler else {}
     finally:
         # Whatever stopped the loop, a save already started is completed, never left half-written.
         checkpointer.wait()
@@ -140,6 +158,7 @@ def train_es(configs: dict[str, Any], devices=None):
         # Every process must hold the same mean parameters; one hash per process proves it.
         "params_fingerprints": parallel.process_fingerprints(runner.strategy.mean),
         "wall_s": time.perf_counter() - wall_start,
+        **profiled,
     })
     if stopping:
         signum = stop.signal or signal.SIGTERM  # another process may have received it

@@ -37,7 +37,7 @@ from podracer.es.normalizer import (
     reduce_stats,
 )
 from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
-from podracer.es.sharded import make_sharded_step, make_sharded_step_normalized
+from podracer.es.sharded import make_sharded_phases, make_sharded_step, make_sharded_step_normalized
 from podracer.es.strategy import Strategy, fitness_metrics
 
 __all__ = (
@@ -55,6 +55,7 @@ __all__ = (
     "init_running_stats",
     "make_ars",
     "make_openai_es",
+    "make_sharded_phases",
     "make_sharded_step",
     "make_sharded_step_normalized",
     "make_strategy",

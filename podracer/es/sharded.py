@@ -46,26 +46,23 @@ def _jit_replicated(fn: Callable, mesh: Mesh):
     return jax.jit(fn, in_shardings=replicated(mesh), out_shardings=replicated(mesh))
 
 
-def _make_generations(
-    strategy: Strategy,
-    evaluate_fn: Callable,
-    mesh: Mesh,
-    axis: str,
-    generations: int,
-    normalize: bool,
-):
-    """`run(state, obs_stats, key)`: `generations` ES generations on this device's members."""
+def _make_phases(strategy: Strategy, evaluate_fn: Callable, mesh: Mesh, axis: str, normalize: bool):
+    """Per-device `evaluate` and `tell` of one generation on this device's members.
+
+    `evaluate(state, obs_stats, key) -> (ask_key, fitness, seen)`: ask, roll out
+    this device's members, all-gather the `[population]` fitness (and, to
+    normalise, sum the observation statistics seen). `tell(state, obs_stats,
+    ask_key, fitness, seen) -> (state, obs_stats, metrics)`: the same update on
+    every device.
+    """
     if axis not in mesh.shape:
         raise PodracerError(f"mesh has no axis {axis!r} (axes: {tuple(mesh.shape)})")
-    if generations < 1:
-        raise PodracerError(f"generations_per_call must be >= 1, got {generations}")
     local_size = split_evenly(
         strategy.population_size, mesh.shape[axis], "population members", "population_size"
     )
     axis_names = (axis,)
 
-    def one_generation(carry, key):
-        state, obs_stats = carry
+    def evaluate(state, obs_stats, key):
         ask_key, evaluate_key = jax.random.split(key)
         members = axis_offset(local_size, axis_names) + jnp.arange(local_size)
         params = strategy.ask(state, ask_key, members)
@@ -75,10 +72,35 @@ def _make_generations(
             params, member_keys, obs_stats
         )
         fitness = parallel.all_gather(local_fitness, axis_names)
+        seen = psum_stats(reduce_stats(local_obs_stats), axis_names) if normalize else ()
+        return ask_key, fitness, seen
+
+    def tell(state, obs_stats, ask_key, fitness, seen):
         state, metrics = strategy.tell(state, ask_key, fitness)
         if normalize:
-            seen = psum_stats(reduce_stats(local_obs_stats), axis_names)
             obs_stats = merge_stats(obs_stats, seen)
+        return state, obs_stats, metrics
+
+    return evaluate, tell
+
+
+def _make_generations(
+    strategy: Strategy,
+    evaluate_fn: Callable,
+    mesh: Mesh,
+    axis: str,
+    generations: int,
+    normalize: bool,
+):
+    """`run(state, obs_stats, key)`: `generations` ES generations on this device's members."""
+    if generations < 1:
+        raise PodracerError(f"generations_per_call must be >= 1, got {generations}")
+    evaluate, tell = _make_phases(strategy, evaluate_fn, mesh, axis, normalize)
+
+    def one_generation(carry, key):
+        state, obs_stats = carry
+        ask_key, fitness, seen = evaluate(state, obs_stats, key)
+        state, obs_stats, metrics = tell(state, obs_stats, ask_key, fitness, seen)
         return (state, obs_stats), metrics
 
     def run(state, obs_stats, key):
@@ -87,6 +109,33 @@ def _make_generations(
         return state, obs_stats, metrics
 
     return run
+
+
+def make_sharded_phases(
+    strategy: Strategy,
+    evaluate_fn: NormalizedFitnessFn,
+    mesh: Mesh,
+    *,
+    normalize: bool,
+    axis: str = DATA_AXIS,
+):
+    """One generation as two jitted calls, for a host that times them apart (profile mode).
+
+    `evaluate(state, obs_stats, key) -> (ask_key, fitness, seen)` and
+    `tell(state, obs_stats, ask_key, fitness, seen) -> (state, obs_stats, metrics)`,
+    everything replicated. `evaluate_fn(params, key, obs_stats) -> (fitness,
+    seen)` as for `make_sharded_step_normalized` (`seen` is ignored unless
+    `normalize`). The generation keyed by `key` is the one `make_sharded_step`
+    runs on that key.
+    """
+
+    def scalar_evaluate(params, key, obs_stats):
+        fitness, seen = evaluate_fn(params, key, obs_stats)
+        return _scalar_fitness(fitness), (seen if normalize else ())
+
+    evaluate, tell = _make_phases(strategy, scalar_evaluate, mesh, axis, normalize)
+    shard = lambda fn: _jit_replicated(jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P()), mesh)
+    return shard(evaluate), shard(tell)
 
 
 def make_sharded_step(

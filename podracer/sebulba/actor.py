@@ -104,9 +104,16 @@ def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device:
 
         def act(obs):
             nonlocal key
+            # Three steps timed apart (each waits for its result): the host-to-device
+            # copy, the policy itself and the device-to-host copy of its output.
+            with timings.measure("obs_to_device"):
+                obs = jax.block_until_ready(jax.device_put(obs, device))
             with timings.measure("inference"):
-                key, packed = policy_step(policy.params, policy.obs_stats, obs, key)
-                return unpack_policy_output(np.asarray(packed), spec.discrete)
+                key, packed = jax.block_until_ready(
+                    policy_step(policy.params, policy.obs_stats, obs, key))
+            with timings.measure("actions_to_host"):
+                packed = np.asarray(packed)
+            return unpack_policy_output(packed, spec.discrete)
 
         envs.start()
         while policy is not None and not control.stop.is_set():

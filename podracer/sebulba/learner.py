@@ -122,8 +122,10 @@ def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Qu
         on_update(update, trajectories, metrics)
         done = update + 1
         if saving is not None and saving.every and done % saving.every == 0:
-            saving.save(done, state)
+            with timings.measure("checkpoint"):
+                saving.save(done, state)
             saved = done
     if saving is not None and done > saved:
-        saving.save(done, state)
+        with timings.measure("checkpoint"):
+            saving.save(done, state)
     return state

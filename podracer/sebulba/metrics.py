@@ -41,6 +41,10 @@ class IntervalLog:
         self.interval_lags: list[int] = []
 
     def __call__(self, update: int, trajectories: list[Trajectory], metrics: dict) -> None:
+        with self.timings.measure("logging"):
+            self._record(update, trajectories, metrics)
+
+    def _record(self, update: int, trajectories: list[Trajectory], metrics: dict) -> None:
         # Update u (from 0) changes parameters that have had u updates.
         lags = [update - t.policy_version for t in trajectories]
         self.lags += lags

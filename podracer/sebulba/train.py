@@ -28,10 +28,11 @@ import numpy as np
 
 from podracer import parallel
 from podracer.checkpoint import CheckpointConfig, Checkpointer, check_resumable, stop_on_signals
-from podracer.config import NetworkConfig, OptimConfig, RunConfig, make_optimizer
+from podracer.config import LogConfig, NetworkConfig, OptimConfig, RunConfig, make_optimizer
 from podracer.errors import Interrupted, PodracerError
 from podracer.logger import RunLogger, prepare_run_dir
 from podracer.networks import init_params, make_network
+from podracer.profile import make_profiler
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.sebulba.actor import ActorSettings, make_policy_step, run_actor
 from podracer.sebulba.config import DeviceSplit, Layout, SebulbaConfig, make_layout, split_devices
@@ -112,7 +113,8 @@ def train_ppo_from_configs(configs: dict[str, Any]):
     """The launcher's entry point: `train_ppo` on the config sections, CPU work inline."""
     run_cpu_work_inline()
     return train_ppo(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],
-                     configs["network"], checkpoint=configs["checkpoint"])
+                     configs["network"], checkpoint=configs["checkpoint"],
+                     log_config=configs["logging"])
 
 
 def _env_seed(seed: int, actor: int, first_update: int) -> int:
@@ -127,7 +129,7 @@ def _env_seed(seed: int, actor: int, first_update: int) -> int:
 
 def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
               optim: OptimConfig, net: NetworkConfig, devices=None,
-              checkpoint: CheckpointConfig = CheckpointConfig()):
+              checkpoint: CheckpointConfig = CheckpointConfig(), log_config: LogConfig = LogConfig()):
     """Train PPO with Sebulba on `devices` (default: this host's); returns (summary, final state).
 
     Actor threads step envpool environments on the host and act on their actor
@@ -136,7 +138,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     end, and on a signal). A run directory with a checkpoint resumes from it.
     SIGINT/SIGTERM make the learner save and stop every thread, then raise
     `Interrupted` (after writing the summary); a failure in any thread stops
-    every thread and is re-raised.
+    every thread and is re-raised. With `log_config.profile` the summary gets a
+    per-thread time breakdown (`podracer.profile`).
     """
     wall_start = time.perf_counter()
     configs = {"run": run, "ppo": ppo_config, "sebulba": sebulba, "optimizer": optim, "network": net,
@@ -159,7 +162,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     logger = RunLogger(run.run_dir, setup.num_updates * steps, enabled=main_process,
                        resume_steps=first_update * steps)
 
-    control, timings = Control(), Timings()
+    profiler = make_profiler(log_config, run.run_dir)
+    control, timings = Control(), profiler or Timings()
     store = ParamsStore(split.actor)
     # A policy's version is the number of updates applied to it.
     store.publish(learner["train"], first_update)
@@ -196,6 +200,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
 
     learner_thread = threading.Thread(target=control.guard(learn, "learner thread"),
                                       name="sebulba-learner", daemon=True)
+    if profiler:
+        profiler.start()
     train_start = log.start = time.perf_counter()
     try:
         with stop_on_signals() as signalled:
@@ -209,6 +215,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         checkpointer.wait()
         checkpointer.close()
     train_s = time.perf_counter() - train_start
+    profiled = {"profile": profiler.stop()} if profiler else {}
     totals = timings.totals()
     env_steps = log.updates * steps
     new_steps = (log.updates - first_update) * steps
@@ -232,8 +239,9 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         "params_fingerprints": parallel.process_fingerprints(final[0].params),
         **as_metrics(totals),
         "wall_s": time.perf_counter() - wall_start,
+        **profiled,
     })
-    if logger.enabled:
+    if logger.enabled and not profiler:  # a profile prints its own, fuller table
         logger.stream.write(format_breakdown(totals, train_s))
         logger.stream.flush()
     if stopped:

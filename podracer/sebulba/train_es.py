@@ -23,10 +23,12 @@ from jax.flatten_util import ravel_pytree
 from podracer import es, parallel
 from podracer.anakin.train_es import es_row
 from podracer.checkpoint import stop_on_signals
+from podracer.config import LogConfig
 from podracer.errors import Interrupted, PodracerError
 from podracer.es.config import make_strategy
 from podracer.logger import RunLogger, prepare_run_dir
 from podracer.networks import make_policy_network
+from podracer.profile import make_profiler
 from podracer.sebulba.config import DeviceSplit, split_devices
 from podracer.sebulba.control import Control, wait_for_threads
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
@@ -117,6 +119,11 @@ class GenerationLog:
 
     def __call__(self, generation: int, evaluations: Sequence[Evaluation], metrics: dict,
                  last: bool) -> None:
+        with self.timings.measure("logging"):
+            self._record(generation, evaluations, metrics, last)
+
+    def _record(self, generation: int, evaluations: Sequence[Evaluation], metrics: dict,
+                last: bool) -> None:
         self.generations = generation + 1
         self.env_steps += sum(e.member_steps for e in evaluations)
         self.eval_steps += sum(e.eval_steps for e in evaluations)
@@ -192,7 +199,8 @@ def train_es(configs: dict[str, Any], devices=None):
     prepare_run_dir(run.run_dir)
     logger = RunLogger(run.run_dir, run.total_steps)
 
-    control, timings = Control(), Timings()
+    profiler = make_profiler(configs.get("logging", LogConfig()), run.run_dir)
+    control, timings = Control(), profiler or Timings()
     store = ParamsStore(split.actor)
     store.publish(SearchPolicy(setup.state, setup.obs_stats), 0)
     queues = [queue.Queue(maxsize=1) for _ in range(layout.num_actor_threads)]
@@ -217,12 +225,15 @@ def train_es(configs: dict[str, Any], devices=None):
 
     learner = threading.Thread(target=control.guard(learn, "learner thread"),
                                name="sebulba-es-learner", daemon=True)
+    if profiler:
+        profiler.start()
     train_start = log.start = time.perf_counter()
     with stop_on_signals() as signalled:
         for thread in (*actors, learner):
             thread.start()
         wait_for_threads(control, learner, actors, interrupted=lambda: bool(signalled))
     train_s = time.perf_counter() - train_start
+    profiled = {"profile": profiler.stop()} if profiler else {}
     totals = timings.totals()
     summary = logger.summary({
         "arch": "sebulba", "algo": "es", "variant": es_config.variant, "env": run.env,
@@ -243,8 +254,9 @@ def train_es(configs: dict[str, Any], devices=None):
         "train_s": train_s,
         **as_metrics(totals),
         "wall_s": time.perf_counter() - wall_start,
+        **profiled,
     })
-    if logger.enabled:
+    if logger.enabled and not profiler:  # a profile prints its own, fuller table
         logger.stream.write(format_breakdown(totals, train_s))
         logger.stream.flush()
     if signalled:

@@ -1,0 +1,89 @@
+"""Anakin in profile mode: the one program split into phases that the host times apart.
+
+Production Anakin fuses acting and learning into one jitted program per
+`updates_per_call` updates, so the host cannot see inside it. Profile mode
+compiles each phase as its own program (PPO: acting, learning; ES: evaluating
+the population, `tell`, evaluating the mean parameters), runs them one after
+the other and waits for each, so `measure` times each phase. The computation is
+the same; steps/s in profile mode are not the production figure (a host round
+trip and a device sync between phases, no fusion across them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+
+from podracer import parallel
+from podracer.anakin.es import ESPhases, ESRunner
+
+NOTE = ("Anakin profile mode splits the one jitted program into separately compiled phases "
+        "and waits for each; its steps/s are not the production figure")
+
+Measure = Callable[[str], object]  # `Profiler.measure`
+
+
+def stack_metrics(rows: list[dict]) -> dict:
+    """Per-update metrics on the host, stacked as the fused program stacks them."""
+    rows = [parallel.to_host(row) for row in rows]
+    return jax.tree.map(lambda *values: np.stack(values), *rows)
+
+
+def compile_ppo_phases(act, learn, runner):
+    """Ahead-of-time compiled `act` and `learn` (`make_anakin_phases`) for `runner`'s shapes."""
+    act_lowered = act.lower(runner)
+    _, experience = act_lowered.out_info
+    return act_lowered.compile(), learn.lower(runner.train, experience).compile()
+
+
+def make_profiled_ppo_train(act, learn, updates_per_call: int, measure: Measure) -> Callable:
+    """`train(runner) -> (runner, metrics)` like `make_anakin`'s, each phase timed on its own."""
+
+    def train(runner):
+        rows = []
+        for _ in range(updates_per_call):
+            with measure("acting"):
+                runner, experience = jax.block_until_ready(act(runner))
+            with measure("learning"):
+                train_state, metrics = jax.block_until_ready(learn(runner.train, experience))
+            runner = runner._replace(train=train_state)
+            rows.append(metrics)
+        with measure("metrics_to_host"):
+            return runner, stack_metrics(rows)
+
+    return train
+
+
+def compile_es_phases(phases: ESPhases, runner: ESRunner) -> ESPhases:
+    """`phases` (`make_anakin_es_phases`) compiled ahead of time for `runner`'s shapes."""
+    split = phases.split_keys.lower(runner.key)
+    _, generation_keys, eval_key = split.out_info
+    evaluate = phases.evaluate.lower(runner.strategy, runner.obs_stats, generation_keys[0])
+    tell = phases.tell.lower(runner.strategy, runner.obs_stats, *evaluate.out_info)
+    evaluate_mean = phases.evaluate_mean.lower(runner.strategy.mean, runner.obs_stats, eval_key)
+    return ESPhases(split.compile(), evaluate.compile(), tell.compile(), evaluate_mean.compile())
+
+
+def make_profiled_es_step(phases: ESPhases, measure: Measure) -> Callable:
+    """`step(runner) -> (runner, metrics)` like `make_anakin_es`'s, each phase timed on its own."""
+
+    def step(runner: ESRunner):
+        key, generation_keys, eval_key = phases.split_keys(runner.key)
+        state, obs_stats, rows = runner.strategy, runner.obs_stats, []
+        for generation_key in generation_keys:
+            with measure("evaluate"):
+                ask_key, fitness, seen = jax.block_until_ready(
+                    phases.evaluate(state, obs_stats, generation_key))
+            with measure("tell"):
+                state, obs_stats, metrics = jax.block_until_ready(
+                    phases.tell(state, obs_stats, ask_key, fitness, seen))
+            rows.append(metrics)
+        with measure("evaluate_mean"):
+            mean_return = jax.block_until_ready(phases.evaluate_mean(state.mean, obs_stats, eval_key))
+        with measure("metrics_to_host"):
+            metrics = dict(stack_metrics(rows), mean_params_return=parallel.to_host(mean_return))
+        return ESRunner(state, obs_stats, key), metrics
+
+    return step
