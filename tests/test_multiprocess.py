@@ -132,6 +132,46 @@ def test_sebulba_learner_spans_both_processes(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
 
+# Generations of 16 members on CartPole; each process acts on device 0 and learns on device 1.
+SEBULBA_ES = ["--arch=sebulba", "--algo=es", "--population=16", "--total-steps=12000", "--seed=4",
+              "--checkpoint-every=4000"]
+
+
+def test_sebulba_es_population_spans_both_processes_and_matches_one_process(tmp_path):
+    """Each process's actor evaluates half the members; one fitness vector, one tell, one mean."""
+    import dataclasses
+
+    import jax
+
+    from podracer.cli import parse_configs
+    from podracer.sebulba.train_es import train_es
+
+    two = tmp_path / "two"
+    result = subprocess.run([PYTHON, LAUNCHER, *SEBULBA_ES, *TWO, f"--run-dir={two}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["env_steps"] >= 12000
+    assert (summary["actor_devices"], summary["learner_devices"], summary["actor_threads"]) == (1, 1, 1)
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert result.stdout.count("summary\n") == 1
+    saves = _steps(two)  # one after each multiple of 4,000 env steps is passed, and the last
+    assert len(saves) >= 3 and saves[-1] == summary["env_steps"]
+
+    # One process whose two actor threads are numbered (members, env seeds) as
+    # the two processes' threads are evaluates the same episodes and tells the same.
+    configs = parse_configs([*SEBULBA_ES, f"--run-dir={tmp_path / 'one'}"])
+    configs["sebulba"] = dataclasses.replace(configs["sebulba"], actor_devices=(0,),
+                                             learner_devices=(1,), actor_threads=2)
+    one_summary, (state, _) = train_es(configs, devices=jax.devices()[:2])
+    assert one_summary["generations"] == summary["generations"]
+    across = _final(two)["es"]["mean"]
+    np.testing.assert_allclose(across, np.asarray(state.mean), rtol=1e-5, atol=1e-6)
+    first = restore_on_host(str(two / "checkpoints" / str(saves[0]) / "state"))["es"]["mean"]
+    assert np.abs(across - first).max() > 1e-3  # the mean moved after the first save
+
+
 # 3 calls of 2 generations of 16 members, 100-step episodes.
 ES = ["--algo=es", "--population=16", "--horizon=100", "--generations-per-call=2",
       "--total-steps=9600", "--seed=2", "--checkpoint-every=3200"]

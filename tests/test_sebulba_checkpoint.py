@@ -78,3 +78,51 @@ def test_sigterm_saves_and_the_same_command_resumes_and_learns_on(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and named in result.stderr and "Traceback" not in result.stderr
         assert _snapshot(run_dir) == before
+
+
+# Sebulba ES: lock-step generations of the CartPole preset's population; only the signal saves.
+ES_RUN = ["--arch=sebulba", "--algo=es", "--env=CartPole-v1", "--cpu-devices=2", "--log-every=1",
+          "--total-steps=400000", "--checkpoint-every=0", "--seed=1"]
+
+
+def test_es_sigterm_saves_and_the_same_command_resumes_and_learns_on(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [PYTHON, LAUNCHER, *ES_RUN, f"--run-dir={run_dir}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Preempt once the mean parameters clearly beat a random policy (about 22).
+    deadline = time.monotonic() + 120
+    while not any(row["mean_params_return"] >= 100 for row in _rows(run_dir)):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run never learned"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "checkpoint saved" in stderr and "Traceback" not in stderr
+    # The save holds the last finished generation, the last row logged.
+    [saved] = _steps(run_dir)
+    last = _rows(run_dir)[-1]
+    assert saved == last["env_steps"] < 400_000
+    generations_at_save, return_at_save = last["generations"], last["mean_params_return"]
+
+    result = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_env_steps"] == saved and summary["env_steps"] >= 400_000
+    rows = _rows(run_dir)
+    steps = [row["env_steps"] for row in rows]
+    assert steps == sorted(set(steps))  # no generation logged twice
+    # Generations (the policy versions) continue from the checkpoint's.
+    after = [row for row in rows if row["env_steps"] > saved]
+    assert [row["generations"] for row in after][:3] == [generations_at_save + i for i in (1, 2, 3)]
+    assert summary["generations"] == rows[-1]["generations"] > generations_at_save
+    # It goes on from the restored mean: a fresh one starts near 22 and needs several generations.
+    assert max(row["mean_params_return"] for row in after[:2]) >= 0.6 * return_at_save
+    assert max(row["mean_params_return"] for row in after) >= max(return_at_save, 475)
+
+    # The same run directory with another population: one line naming it, nothing touched.
+    before = _snapshot(run_dir)
+    result = subprocess.run([*args, "--population=32"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "--population" in result.stderr
+    assert "Traceback" not in result.stderr and _snapshot(run_dir) == before

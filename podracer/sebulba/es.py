@@ -7,8 +7,9 @@ its share of the evaluation episodes of the mean parameters (a member with
 zero noise). Every slot plays exactly one episode per generation, all of them
 side by side, so a generation lasts as long as its longest episode.
 
-Members are numbered globally: thread `t` holds members `[t * m, (t + 1) * m)`,
-and draws their noise itself from the generation key and the member index
+Members are numbered globally, over the actor threads of every process
+(process `p`'s thread `i` is thread `p * threads_per_process + i`): thread
+`t` holds members `[t * m, (t + 1) * m)`, and draws their noise itself from the generation key and the member index
 (`podracer.es.noise`); the learner regenerates the same noise in `tell`. Only
 the strategy state goes to the actors and only fitness scalars (and, for ARS
 V2, observation statistics) come back.
@@ -33,15 +34,20 @@ from podracer.sebulba.config import DeviceSplit, SebulbaConfig
 class ESLayout(NamedTuple):
     """Sizes derived from the configs and the device split, never written back."""
 
-    num_actor_threads: int
+    num_actor_threads: int  # in this process
+    num_processes: int
     members_per_thread: int
     member_slots: int  # members_per_thread * episodes_per_member
     eval_slots: int  # per thread: episodes of the mean parameters
     slots_per_thread: int  # envpool environments per actor thread
 
 
-def make_es_layout(config: ESConfig, sebulba: SebulbaConfig, split: DeviceSplit) -> ESLayout:
+def make_es_layout(config: ESConfig, sebulba: SebulbaConfig, split: DeviceSplit,
+                   num_processes: int = 1) -> ESLayout:
     """Check the settings against the device split and derive every thread's slots.
+
+    Every process has the same split (`split`, this process's) and threads; the
+    population is divided over all of their threads.
 
     The evaluation episodes are spread over the threads, rounded up to a whole
     number per thread (so a run may evaluate a few more than `--eval-episodes`).
@@ -54,16 +60,19 @@ def make_es_layout(config: ESConfig, sebulba: SebulbaConfig, split: DeviceSplit)
             raise PodracerError(f"{flag} must be positive, got {value}")
     if sebulba.env_threads < 0:
         raise PodracerError(f"--env-threads must be >= 0, got {sebulba.env_threads}")
-    threads = len(split.actor) * sebulba.actor_threads
+    local_threads = len(split.actor) * sebulba.actor_threads
+    threads = local_threads * num_processes
     if config.population % threads:
+        processes = f"{num_processes} processes x " if num_processes > 1 else ""
         raise PodracerError(
             f"--population={config.population} does not split over {threads} actor threads "
-            f"({len(split.actor)} actor devices x --actor-threads={sebulba.actor_threads}); "
+            f"({processes}{len(split.actor)} actor devices x --actor-threads={sebulba.actor_threads}); "
             f"use a multiple of {math.lcm(threads, 2)} (the population is even)")
     members = config.population // threads
     member_slots = members * config.episodes_per_member
     eval_slots = -(-config.eval_episodes // threads)
-    return ESLayout(threads, members, member_slots, eval_slots, member_slots + eval_slots)
+    return ESLayout(local_threads, num_processes, members, member_slots, eval_slots,
+                    member_slots + eval_slots)
 
 
 def generation_key(key: jax.Array, generation: int) -> jax.Array:
@@ -71,8 +80,13 @@ def generation_key(key: jax.Array, generation: int) -> jax.Array:
     return jax.random.fold_in(key, generation)
 
 
+def global_thread(actor_id: int, layout: ESLayout, process_index: int) -> int:
+    """The number, over every process, of this process's actor thread `actor_id`."""
+    return process_index * layout.num_actor_threads + actor_id
+
+
 def thread_members(actor_id: int, layout: ESLayout) -> np.ndarray:
-    """Global indices of the members actor thread `actor_id` evaluates."""
+    """Global indices of the members that actor thread `actor_id` (numbered over every process) evaluates."""
     return actor_id * layout.members_per_thread + np.arange(layout.members_per_thread, dtype=np.int32)
 
 

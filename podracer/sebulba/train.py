@@ -117,7 +117,7 @@ def train_ppo_from_configs(configs: dict[str, Any]):
                      log_config=configs["logging"])
 
 
-def _env_seed(seed: int, actor: int, first_update: int) -> int:
+def env_seed(seed: int, actor: int, first_update: int) -> int:
     """envpool's seed for one actor thread (numbered over every process).
 
     A resumed run gets other environments than the run it resumes, which would
@@ -178,7 +178,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         numbered = jax.process_index() * layout.num_actor_threads + actor_id
         # Made here rather than in the thread: a bad environment fails before anything starts.
         envs = EnvPoolEnvs(run.env, layout.envs_per_thread, layout.env_batch, sebulba.env_threads,
-                           seed=_env_seed(run.seed, numbered, first_update))
+                           seed=env_seed(run.seed, numbered, first_update))
         device = split.actor[actor_id // sebulba.actor_threads]
         actors.append(threading.Thread(
             target=control.guard(run_actor, f"actor thread {actor_id}"),
