@@ -126,3 +126,26 @@ def test_es_sigterm_saves_and_the_same_command_resumes_and_learns_on(tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "--population" in result.stderr
     assert "Traceback" not in result.stderr and _snapshot(run_dir) == before
+
+
+def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    # One Adam step per update at a learning rate of 1e30: the first update leaves huge but
+    # finite parameters, the second overflows. A checkpoint after every update.
+    result = subprocess.run([PYTHON, LAUNCHER, "--arch=sebulba", "--env=CartPole-v1", "--cpu-devices=2",
+                             "--num-envs=8", "--rollout-len=16", "--synchronous", "--total-steps=1280",
+                             "--lr=1e30", "--epochs=1", "--minibatches=1", "--checkpoint-every=128",
+                             f"--run-dir={run_dir}"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and "non-finite" in line and "update 2 " in line, line
+    assert "env step 128" in line  # the last good checkpoint, named
+    assert _steps(run_dir) == [128]  # the checkpoint after update 1, nothing after
+    from podracer.checkpoint import restore_on_host
+
+    import jax
+    import numpy as np
+
+    params = restore_on_host(str(run_dir / "checkpoints" / "128" / "state"))["train"]["params"]
+    leaves = jax.tree.leaves(params)
+    assert leaves and all(np.all(np.isfinite(np.asarray(x))) for x in leaves)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from typing import Callable, NamedTuple, Sequence
@@ -12,6 +13,7 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer import parallel
+from podracer.errors import PodracerError
 from podracer.ppo import PPOConfig, make_update
 from podracer.sebulba.actor import Trajectory
 from podracer.sebulba.control import Control
@@ -29,13 +31,16 @@ def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformatio
     `bootstrap_values` the matching tuple of [N] arrays (`parallel.sharded`).
     Every learner device joins its shards of all of them into one local batch
     and runs `ppo.make_update`, which averages gradients over the mesh with
-    `lax.pmean`. `state` is replicated over the mesh.
+    `lax.pmean`. `state` is replicated over the mesh. The metrics include
+    `params_finite` (1.0 when every new parameter is finite) for the NaN guard.
     """
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=(parallel.DATA_AXIS,))
 
     def step(state: TrainState, batches: tuple[Transition, ...], bootstrap_values, key):
         batch = jax.tree.map(lambda *parts: jnp.concatenate(parts, axis=1), *batches)
-        return update(state, batch, jnp.concatenate(bootstrap_values), key)
+        state, metrics = update(state, batch, jnp.concatenate(bootstrap_values), key)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]))
+        return state, {**metrics, "params_finite": finite.astype(jnp.float32)}
 
     sharded = jax.shard_map(
         step, mesh=mesh,
@@ -80,11 +85,28 @@ class Saving(NamedTuple):
     every: int = 0
 
 
+def check_finite(metrics: dict[str, float], update: int, steps_per_update: int,
+                 last_saved: int | None) -> None:
+    """The NaN guard: a non-finite loss or parameter stops the run before anything is saved.
+
+    `update` is the update that produced `metrics` (counted from 1) and
+    `last_saved` the update count of the last checkpoint (None: none yet).
+    """
+    if metrics.get("params_finite", 1.0) == 1.0 and all(math.isfinite(v) for v in metrics.values()):
+        return
+    kept = ("nothing was saved yet" if last_saved is None else
+            f"the last good checkpoint (env step {last_saved * steps_per_update:,}) is kept")
+    raise PodracerError(f"non-finite loss or parameters at update {update} "
+                        f"(env step {update * steps_per_update:,}); stopped, {kept}; "
+                        f"lower --lr or --max-grad-norm")
+
+
 def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Queue],
                 store: ParamsStore, num_updates: int, key: jax.Array, control: Control,
                 timings: Timings, on_update: Callable[[int, list[Trajectory], dict], None],
                 first_update: int = 0, saving: Saving | None = None,
-                interrupted: Callable[[], bool] = lambda: False) -> TrainState:
+                interrupted: Callable[[], bool] = lambda: False,
+                steps_per_update: int = 0) -> TrainState:
     """Take one trajectory from each actor queue, update, publish; updates `first_update` .. `num_updates - 1`.
 
     The update key of update u is `fold_in(key, u)`, so a run's updates do not
@@ -92,7 +114,9 @@ def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Qu
     sequence. `on_update(u, trajectories, metrics)` sees each update's inputs
     and host-side metrics. Returns the last state: early if `interrupted()`
     (a signal: saved first) or if `control.stop` is set (a failure elsewhere:
-    nothing is saved).
+    nothing is saved). A non-finite loss or parameter raises `PodracerError`
+    (`check_finite`; `steps_per_update` only words its message) before the
+    update is published or saved.
 
     On several processes every learner runs this loop, and each update is one
     program over all their devices: so every update starts by deciding
@@ -117,6 +141,8 @@ def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Qu
                                      tuple(t.bootstrap_value for t in trajectories),
                                      jax.random.fold_in(key, update))
             metrics = {name: float(value) for name, value in parallel.to_host(metrics).items()}
+        check_finite(metrics, update + 1, steps_per_update, saved or None)
+        metrics.pop("params_finite", None)
         with timings.measure("params_to_actors"):
             store.publish(state, update + 1)
         on_update(update, trajectories, metrics)

@@ -196,7 +196,8 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     def learn():
         final.append(run_learner(setup.step_fn, learner["train"], queues, store, setup.num_updates,
                                  learner["key"], control, timings, log, first_update=first_update,
-                                 saving=saving, interrupted=lambda: bool(signalled)))
+                                 saving=saving, interrupted=lambda: bool(signalled),
+                                 steps_per_update=steps))
 
     learner_thread = threading.Thread(target=control.guard(learn, "learner thread"),
                                       name="sebulba-learner", daemon=True)
