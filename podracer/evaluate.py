@@ -41,6 +41,31 @@ def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> 
     return np.asarray(run(jax.random.PRNGKey(seed)))
 
 
+def envpool_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> np.ndarray:
+    """Return of the first episode of `episodes` envpool environments (Atari: the game score).
+
+    Every environment plays until its first episode ends; the others keep
+    stepping (envpool steps the batch) but count no more.
+    """
+    from podracer.sebulba.envs import EnvPoolEnvs
+    from podracer.sebulba.es_actor import EpisodeTally, in_slot_order
+
+    envs = EnvPoolEnvs(env_id, episodes, episodes, 0, seed=seed)
+    act = jax.jit(act)
+    tally, slots, key = EpisodeTally(episodes), np.arange(episodes, dtype=np.int32), jax.random.PRNGKey(seed)
+    try:
+        envs.start()
+        while True:
+            step = in_slot_order(envs.recv())
+            tally.record(step)
+            if tally.done:
+                return tally.returns.copy()
+            key, act_key = jax.random.split(key)
+            envs.send(np.asarray(act(step.obs, act_key)), slots)
+    finally:
+        envs.close()
+
+
 def main(argv) -> int:
     """`eval --run-dir=DIR --episodes=N`: print the mean return as a line and JSON."""
     from podracer.cli import parse_section
@@ -51,7 +76,8 @@ def main(argv) -> int:
         raise PodracerError(f"--episodes must be positive, got {config.episodes}")
     act = load_policy(config.run_dir, config.deterministic)
     run = run_config_of(config.run_dir)["run"]
-    returns = gymnax_returns(act, run["env"], config.episodes, config.seed)
+    returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
+    returns = returns_of(act, run["env"], config.episodes, config.seed)
     print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
     print(json.dumps({"env": run["env"], "episodes": len(returns), "episode_return_mean": float(returns.mean()),
                       "episode_return_std": float(returns.std())}))

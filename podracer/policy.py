@@ -33,19 +33,37 @@ def read_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return meta, state
 
 
-def _ppo_policy(configs: dict[str, Any], state: dict[str, Any], deterministic: bool) -> Callable:
+def env_spec_of(arch: str, env_id: str):
+    """The spaces of the run's environment: gymnax for Anakin, envpool for Sebulba."""
+    if arch == "sebulba":
+        from podracer.sebulba.envs import env_spec
+
+        return env_spec(env_id)
     from podracer.anakin.env import make_env
+
+    return make_env(env_id).spec
+
+
+def _network_config(configs: dict[str, Any]):
     from podracer.config import NetworkConfig
+
+    return NetworkConfig(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in configs["network"].items()})
+
+
+def _stats(saved: dict[str, Any], kind=RunningStats):
+    return kind(**{k: jnp.asarray(v) for k, v in saved.items()})
+
+
+def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], deterministic: bool) -> Callable:
     from podracer.networks import make_network
     from podracer.ppo import PPOConfig, make_act
 
     ppo_config = PPOConfig(**configs["ppo"])
-    net = NetworkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in configs["network"].items()})
-    env = make_env(configs["run"]["env"])
-    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                           net.hidden, net.activation)
+    net = _network_config(configs)
+    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
     params = jax.tree.map(jnp.asarray, state["train"]["params"])
-    obs_stats = RunningStats(**{k: jnp.asarray(v) for k, v in state["train"]["obs_stats"].items()})
+    obs_stats = _stats(state["train"]["obs_stats"])
     act_batch = make_act(network.apply, ppo_config, deterministic)
 
     def act(obs: jax.Array, key: jax.Array) -> jax.Array:
@@ -56,18 +74,55 @@ def _ppo_policy(configs: dict[str, Any], state: dict[str, Any], deterministic: b
     return act
 
 
+def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -> Callable:
+    """The ES search distribution's mean, acting as it was evaluated (deterministically)."""
+    from jax.flatten_util import ravel_pytree
+
+    from podracer import es
+    from podracer.es.config import ESConfig
+    from podracer.networks import make_policy_network
+
+    es_config = ESConfig(**configs["es"])
+    net = _network_config(configs)
+    policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
+                                 net.activation)
+    # Only the structure matters: the mean's values replace these.
+    like = policy.init(jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
+    params = ravel_pytree(like)[1](jnp.asarray(mean))
+    stats = _stats(obs_stats, es.RunningStats)
+
+    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
+        """Actions for a batch of observations [B, ...]; `key` is unused (ES policies are deterministic)."""
+        del key
+        if es_config.normalize_observations:
+            flat = obs.reshape(obs.shape[0], -1)
+            obs = es.normalize(stats, flat).reshape(obs.shape)
+        return jax.vmap(lambda o: policy.apply(params, o))(obs)
+
+    return act
+
+
 def load_policy(run_dir: str, deterministic: bool = False) -> Callable:
     """A pure, jittable `act(obs, key) -> actions` from the run's latest checkpoint.
 
-    Observations are a batch [B, ...] as the run's environment yields them;
-    `deterministic=True` takes the most likely (or mean) action instead of a sample.
+    Works for every architecture and algorithm. Observations are a batch
+    [B, ...] as the run's environment yields them (gymnax for Anakin, envpool
+    for Sebulba). For PPO, `deterministic=True` takes the most likely (or mean)
+    action instead of a sample; an ES run acts with the mean of its search
+    distribution, deterministically, as its evaluation episodes did.
     """
     meta, state = read_run(run_dir)
     configs = meta["config"]
     arch, algo = configs["run"]["arch"], configs["run"]["algo"]
-    if (arch, algo) == ("anakin", "ppo"):
-        return _ppo_policy(configs, state, deterministic)
-    raise PodracerError(f"load_policy does not yet support --arch={arch} --algo={algo} runs")
+    spec = env_spec_of(arch, configs["run"]["env"])
+    if algo == "ppo":
+        return _ppo_policy(configs, spec, state, deterministic)
+    if (arch, algo) == ("anakin", "es"):
+        return _es_policy(configs, spec, state["strategy"]["mean"], state["obs_stats"])
+    if (arch, algo) == ("sebulba", "es"):
+        return _es_policy(configs, spec, state["es"]["mean"], state["obs_stats"])
+    raise PodracerError(f"{run_dir} was made by --arch={arch} --algo={algo}, which load_policy "
+                        f"does not know; evaluate it with the podracer version that trained it")
 
 
 def run_config_of(run_dir: str) -> dict[str, Any]:

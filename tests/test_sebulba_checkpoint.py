@@ -71,6 +71,12 @@ def test_sigterm_saves_and_the_same_command_resumes_and_learns_on(tmp_path):
     assert max(row["episode_return_mean"] or 0 for row in after[-10:]) >= return_at_save
     assert _steps(run_dir)[-1] == 118 * STEPS_PER_UPDATE  # the final save
 
+    # The trained policy, scored on envpool by the eval verb (a random policy averages about 22).
+    result = subprocess.run([PYTHON, LAUNCHER, "eval", f"--run-dir={run_dir}", "--episodes=16",
+                             "--deterministic"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["episode_return_mean"] >= 80
+
     # The same run directory with another config: one line naming the flags, nothing touched.
     before = _snapshot(run_dir)
     for flag, named in (("--lr=0.01", "--lr"), ("--num-envs=64", "--num-envs"), ("--arch=anakin", "--arch")):
