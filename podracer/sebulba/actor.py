@@ -42,6 +42,10 @@ class Trajectory(NamedTuple):
 class ActorSettings(NamedTuple):
     rollout_len: int
     synchronous: bool  # wait for the update of each trajectory before acting again
+    # Time the host-to-device copy, the policy and the device-to-host copy apart
+    # (`--profile`). Each then waits for its result, which costs a dispatch per
+    # step; otherwise acting is one call and `inference` includes both copies.
+    time_transfers: bool = False
 
 
 def make_policy_step(apply_fn: Callable, ppo_config: PPOConfig) -> Callable:
@@ -104,6 +108,10 @@ def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device:
 
         def act(obs):
             nonlocal key
+            if not settings.time_transfers:
+                with timings.measure("inference"):
+                    key, packed = policy_step(policy.params, policy.obs_stats, obs, key)
+                    return unpack_policy_output(np.asarray(packed), spec.discrete)
             # Three steps timed apart (each waits for its result): the host-to-device
             # copy, the policy itself and the device-to-host copy of its output.
             with timings.measure("obs_to_device"):

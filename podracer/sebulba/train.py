@@ -169,7 +169,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     store.publish(learner["train"], first_update)
     policy_step = make_policy_step(setup.network.apply, ppo_config)
     queues = [queue.Queue(maxsize=1) for _ in range(layout.num_actor_threads)]
-    settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous)
+    settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous, time_transfers=bool(profiler))
     if first_update:
         actor_key = jax.random.fold_in(actor_key, first_update)
     actors = []
