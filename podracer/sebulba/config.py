@@ -7,6 +7,7 @@ and `num_envs * rollout_len` transitions per update, whatever the device split.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple, Sequence
 
 import jax
@@ -80,6 +81,27 @@ def split_devices(config: SebulbaConfig, devices: Sequence[jax.Device]) -> Devic
     return DeviceSplit(tuple(devices[i] for i in actor), tuple(devices[i] for i in learner))
 
 
+def share_per_thread(total: int, flag: str, config: SebulbaConfig, split: DeviceSplit,
+                     num_processes: int, multiple_of: int = 1, why: str = "") -> int:
+    """`total` (a global count) per actor thread, over the threads of every process.
+
+    Checks the thread settings first; every refusal is one line naming the flag.
+    """
+    for name, value in (("--actor-threads", config.actor_threads), ("--log-every", config.log_every)):
+        if value <= 0:
+            raise PodracerError(f"{name} must be positive, got {value}")
+    if config.env_threads < 0:
+        raise PodracerError(f"--env-threads must be >= 0, got {config.env_threads}")
+    threads = len(split.actor) * config.actor_threads * num_processes
+    if total % threads:
+        processes = f" x {num_processes} processes" if num_processes > 1 else ""
+        raise PodracerError(
+            f"{flag}={total} does not split over {threads} actor threads "
+            f"({len(split.actor)} actor devices x --actor-threads={config.actor_threads}{processes}); "
+            f"use a multiple of {math.lcm(threads, multiple_of)}{why}")
+    return total // threads
+
+
 class Layout(NamedTuple):
     """Sizes derived from the config and the device split, never written back."""
 
@@ -95,21 +117,12 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
 
     `num_envs` is global: the actor threads of every process share it evenly.
     """
-    for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len),
-                        ("--actor-threads", config.actor_threads), ("--log-every", config.log_every)):
+    for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len)):
         if value <= 0:
             raise PodracerError(f"{flag} must be positive, got {value}")
-    if config.env_threads < 0:
-        raise PodracerError(f"--env-threads must be >= 0, got {config.env_threads}")
+    per_thread = share_per_thread(config.num_envs, "--num-envs", config, split, num_processes)
     threads = len(split.actor) * config.actor_threads
     everywhere = threads * num_processes
-    if config.num_envs % everywhere:
-        processes = f" x {num_processes} processes" if num_processes > 1 else ""
-        raise PodracerError(
-            f"--num-envs={config.num_envs} does not split over {everywhere} actor threads "
-            f"({len(split.actor)} actor devices x --actor-threads={config.actor_threads}{processes}); "
-            f"use a multiple of {everywhere}")
-    per_thread = config.num_envs // everywhere
     learners = len(split.learner)
     if per_thread % learners:
         raise PodracerError(

@@ -17,7 +17,6 @@ V2, observation statistics) come back.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -28,7 +27,7 @@ from jax.sharding import Mesh
 from podracer import es, parallel
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig
-from podracer.sebulba.config import DeviceSplit, SebulbaConfig
+from podracer.sebulba.config import DeviceSplit, SebulbaConfig, share_per_thread
 
 
 class ESLayout(NamedTuple):
@@ -55,20 +54,10 @@ def make_es_layout(config: ESConfig, sebulba: SebulbaConfig, split: DeviceSplit,
     if config.horizon:
         raise PodracerError("--horizon applies to --arch=anakin; envpool environments end their "
                             "episodes at their own time limit, so drop --horizon")
-    for flag, value in (("--actor-threads", sebulba.actor_threads), ("--log-every", sebulba.log_every)):
-        if value <= 0:
-            raise PodracerError(f"{flag} must be positive, got {value}")
-    if sebulba.env_threads < 0:
-        raise PodracerError(f"--env-threads must be >= 0, got {sebulba.env_threads}")
+    members = share_per_thread(config.population, "--population", sebulba, split, num_processes,
+                               multiple_of=2, why=" (the population is even)")
     local_threads = len(split.actor) * sebulba.actor_threads
     threads = local_threads * num_processes
-    if config.population % threads:
-        processes = f"{num_processes} processes x " if num_processes > 1 else ""
-        raise PodracerError(
-            f"--population={config.population} does not split over {threads} actor threads "
-            f"({processes}{len(split.actor)} actor devices x --actor-threads={sebulba.actor_threads}); "
-            f"use a multiple of {math.lcm(threads, 2)} (the population is even)")
-    members = config.population // threads
     member_slots = members * config.episodes_per_member
     eval_slots = -(-config.eval_episodes // threads)
     return ESLayout(local_threads, num_processes, members, member_slots, eval_slots,

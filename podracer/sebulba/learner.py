@@ -73,6 +73,19 @@ def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float 
     return None
 
 
+def take_one_each(sources: Sequence[queue.Queue], control: Control, timings: Timings,
+                  interrupted: Callable[[], bool] = lambda: False) -> list | None:
+    """One item from every actor queue, in actor order; None once stopped or `interrupted()`."""
+    items = []
+    for source in sources:
+        with timings.measure("learner_queue_wait"):
+            item = get_until_stopped(source, control.stop, interrupted=interrupted)
+        if item is None:
+            return None
+        items.append(item)
+    return items
+
+
 class Saving(NamedTuple):
     """How and when the learner saves its state.
 
@@ -125,13 +138,7 @@ def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Qu
     """
     saved = done = first_update
     for update in range(first_update, num_updates):
-        trajectories = []
-        for source in sources:
-            with timings.measure("learner_queue_wait"):
-                trajectory = get_until_stopped(source, control.stop, interrupted=interrupted)
-            if trajectory is None:
-                break
-            trajectories.append(trajectory)
+        trajectories = take_one_each(sources, control, timings, interrupted)
         if control.stop.is_set():
             return state
         if parallel.any_process(interrupted()):

@@ -45,7 +45,7 @@ from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.es import (ESLayout, generation_key, global_thread, make_es_layout,
                                  make_es_learner_step, make_slot_act, make_slot_params)
 from podracer.sebulba.es_actor import Evaluation, SearchPolicy, run_es_actor
-from podracer.sebulba.learner import get_until_stopped
+from podracer.sebulba.learner import take_one_each
 from podracer.sebulba.params import ParamsStore
 from podracer.sebulba.train import env_seed, run_cpu_work_inline
 from podracer.timing import Timings, as_metrics, format_breakdown
@@ -236,13 +236,7 @@ def run_es_learner(setup: ESSetup, sources: Sequence[queue.Queue], store: Params
     generation, env_steps = start.generations, start.env_steps
     saved_generation, saved_steps = generation, env_steps
     while env_steps < total_steps:
-        evaluations = []
-        for source in sources:
-            with timings.measure("learner_queue_wait"):
-                evaluation = get_until_stopped(source, control.stop, interrupted=interrupted)
-            if evaluation is None:
-                break
-            evaluations.append(evaluation)
+        evaluations = take_one_each(sources, control, timings, interrupted)
         if control.stop.is_set():
             return state, obs_stats
         if parallel.any_process(interrupted()):
