@@ -211,12 +211,14 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
             # The learner notices a signal itself, so that it saves, and on several
             # processes stops after the same update as the others.
             wait_for_threads(control, learner_thread, actors)
+        # The threads are done: the time breakdown's window ends here, not after the last save
+        # has reached the disk (the main thread's wait below).
+        train_s = time.perf_counter() - train_start
+        profiled = {"profile": profiler.stop()} if profiler else {}
     finally:
         # Whatever stopped the run, a save already started is completed, never left half-written.
         checkpointer.wait()
         checkpointer.close()
-    train_s = time.perf_counter() - train_start
-    profiled = {"profile": profiler.stop()} if profiler else {}
     totals = timings.totals()
     env_steps = log.updates * steps
     new_steps = (log.updates - first_update) * steps

@@ -346,13 +346,15 @@ def train_es(configs: dict[str, Any], devices=None):
             # The learner notices a signal itself, so that it saves, and on several
             # processes stops after the same generation as the others.
             wait_for_threads(control, learner, actors)
+            # The threads are done: the time breakdown's window ends here, not after the last
+            # save has reached the disk (the main thread's wait below).
+            train_s = time.perf_counter() - train_start
+            profiled = {"profile": profiler.stop()} if profiler else {}
         finally:
             # Whatever stopped the run, a save already started is completed, never left half-written.
             if checkpointer:
                 checkpointer.wait()
                 checkpointer.close()
-    train_s = time.perf_counter() - train_start
-    profiled = {"profile": profiler.stop()} if profiler else {}
     totals = timings.totals()
     state, _ = final[0] if final else (setup.state, setup.obs_stats)
     new_steps = log.env_steps - start.env_steps
