@@ -163,18 +163,8 @@ def test_eval_and_load_policy(trained_run):
     np.testing.assert_array_equal(act(obs, key), act(obs, key))
 
 
-# Settings that solve CartPole-v1 in about 10 s: Anakin with OpenAI-ES, Sebulba with
-# ARS V2 (whose policy reads normalised observations: load_policy must too).
-ES_RUNS = {
-    "anakin": ["--arch=anakin", "--algo=es", "--population=32", "--generations-per-call=4",
-               "--eval-episodes=8", "--total-steps=512000"],
-    "sebulba": ["--arch=sebulba", "--algo=es", "--variant=ars_v2", "--population=32",
-                "--eval-episodes=8", "--total-steps=200000", "--seed=3"],
-}
-
-
-@pytest.mark.parametrize("arch", sorted(ES_RUNS))
-def test_eval_and_load_policy_of_an_es_run(arch, tmp_path):
+def test_eval_and_load_policy_of_an_es_run(tmp_path):
+    """An ARS V2 run's mean (whose policy reads normalised observations: load_policy must too)."""
     import json
 
     import jax
@@ -183,11 +173,12 @@ def test_eval_and_load_policy_of_an_es_run(arch, tmp_path):
     from podracer import load_policy
 
     run_dir = tmp_path / "run"
-    result = _launch([*ES_RUNS[arch], f"--run-dir={run_dir}"])
+    result = _launch(["--arch=anakin", "--algo=es", "--variant=ars_v2", "--population=32",
+                      "--generations-per-call=4", "--eval-episodes=8", "--total-steps=512000",
+                      f"--run-dir={run_dir}"])
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "summary.json").read_text())["mean_params_return"] >= 475
 
-    # The mean parameters, scored on the run's own kind of environment (gymnax or envpool).
     result = _launch(["eval", f"--run-dir={run_dir}", "--episodes=16"])
     assert result.returncode == 0, result.stderr
     scored = json.loads(result.stdout.strip().splitlines()[-1])

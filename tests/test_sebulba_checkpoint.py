@@ -126,6 +126,12 @@ def test_es_sigterm_saves_and_the_same_command_resumes_and_learns_on(tmp_path):
     assert max(row["mean_params_return"] for row in after[:2]) >= 0.6 * return_at_save
     assert max(row["mean_params_return"] for row in after) >= max(return_at_save, 475)
 
+    # The saved mean, scored on envpool by the eval verb (a random policy averages about 22).
+    result = subprocess.run([PYTHON, LAUNCHER, "eval", f"--run-dir={run_dir}", "--episodes=16"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["episode_return_mean"] >= 400
+
     # The same run directory with another population: one line naming it, nothing touched.
     before = _snapshot(run_dir)
     result = subprocess.run([*args, "--population=32"], capture_output=True, text=True, timeout=60)
