@@ -21,7 +21,12 @@ class Categorical:
     logits: jax.Array
 
     def sample(self, key: jax.Array) -> jax.Array:
-        return jax.random.categorical(key, self.logits)
+        # What jax.random.categorical computes, bit for bit.
+        return self.sample_from_noise(jax.random.gumbel(key, self.logits.shape, self.logits.dtype))
+
+    def sample_from_noise(self, noise: jax.Array) -> jax.Array:
+        """The action that standard Gumbel `noise` (shaped like the logits) picks."""
+        return jnp.argmax(noise + self.logits, axis=-1)
 
     def mode(self) -> jax.Array:
         return jnp.argmax(self.logits, axis=-1)
@@ -50,7 +55,10 @@ class DiagGaussian:
     log_std: jax.Array
 
     def sample(self, key: jax.Array) -> jax.Array:
-        noise = jax.random.normal(key, self.mean.shape, self.mean.dtype)
+        return self.sample_from_noise(jax.random.normal(key, self.mean.shape, self.mean.dtype))
+
+    def sample_from_noise(self, noise: jax.Array) -> jax.Array:
+        """The action that standard normal `noise` (shaped like the mean) gives."""
         return self.mean + jnp.exp(self.log_std) * noise
 
     def mode(self) -> jax.Array:
@@ -64,3 +72,16 @@ class DiagGaussian:
     def entropy(self) -> jax.Array:
         per_dim = self.log_std + 0.5 * (1.0 + math.log(2 * math.pi))
         return jnp.sum(jnp.broadcast_to(per_dim, self.mean.shape), axis=-1)
+
+
+def sampling_noise(key: jax.Array, discrete: bool, action_dim: int) -> jax.Array:
+    """The noise one action's `sample(key)` draws, drawn on its own: [action_dim].
+
+    `dist.sample_from_noise(sampling_noise(key, ...)) == dist.sample(key)` bit for
+    bit. A loop that acts many times (Anakin's rollout) draws the noise of every
+    step ahead in one batched call: on XLA:CPU each PRNG draw inside the loop is a
+    rolled loop of its own, a dozen kernel launches per step for a few numbers.
+    """
+    if discrete:
+        return jax.random.gumbel(key, (action_dim,), jnp.float32)
+    return jax.random.normal(key, (action_dim,), jnp.float32)

@@ -5,6 +5,8 @@ vmaps it):
 
     reset(key) -> (state, timestep)
     step(key, state, action) -> (state, timestep)
+    draw(key) -> draws                   # the randomness of step(key, ...), ahead
+    step_with(draws, state, action)      # == step(key, state, action), bit for bit
 """
 
 from __future__ import annotations
@@ -37,6 +39,20 @@ class EnvState(NamedTuple):
     inner: Any
     episode_return: jax.Array
     episode_length: jax.Array
+
+
+class StepDraws(NamedTuple):
+    """The randomness of one `step(key, ...)`, computed ahead of it.
+
+    A rollout draws these for every (step, environment) at once, vmapped, outside
+    its sequential loop: on XLA:CPU each PRNG draw inside the loop is a rolled
+    loop of small kernels of its own, and the auto-reset draws one on every step.
+    Memory: one reset state and observation per (step, environment) of a rollout.
+    """
+
+    step_key: jax.Array  # for the transition (most classic-control envs ignore it)
+    reset_obs: Any  # where an episode that ends on this step starts again; None if
+    reset_state: Any  # the environment resets inside its own `step` (then it draws there)
 
 
 class EnvSpec(NamedTuple):
@@ -75,6 +91,9 @@ class GymnaxEnv:
         space = self.env.action_space(self.params)
         obs_space = self.env.observation_space(self.params)
         discrete = hasattr(space, "n")
+        # Environments that override gymnax's step (bsuite's DeepSea keeps counters
+        # across resets) keep their own; the rest step through `step_env`.
+        self._standard_step = type(self.env).step is gymnax.environments.environment.Environment.step
         self.spec = EnvSpec(
             obs_shape=tuple(obs_space.shape),
             obs_dtype=jnp.float32 if obs_space.dtype in (jnp.float64, np.float64) else obs_space.dtype,
@@ -100,8 +119,33 @@ class GymnaxEnv:
         return EnvState(inner, zero, jnp.zeros((), jnp.int32)), timestep
 
     def step(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
-        obs, inner, reward, terminated, truncated, info = self.env.step(
-            key, state.inner, self._env_action(action), self.params)
+        return self.step_with(self.draw(key), state, action)
+
+    def draw(self, key: jax.Array) -> StepDraws:
+        """Everything `step(key, ...)` draws: gymnax's own key split and reset."""
+        if not self._standard_step:
+            return StepDraws(key, None, None)
+        step_key, reset_key = jax.random.split(key)
+        reset_obs, reset_state = self.env.reset_env(reset_key, self.params)
+        return StepDraws(step_key, reset_obs, reset_state)
+
+    def step_with(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        """One step with its randomness drawn ahead (`draw`); auto-resets."""
+        action = self._env_action(action)
+        if self._standard_step:
+            # gymnax's Environment.step, with the reset it would draw taken from `draws`.
+            obs_step, inner_step, reward, terminated, _ = self.env.step_env(
+                draws.step_key, state.inner, action, self.params)
+            truncated = self.env.is_truncated(inner_step, self.params)
+            done = jnp.logical_or(terminated, truncated)
+            select = lambda reset, stepped: jax.lax.select(done, reset, stepped)
+            inner = jax.tree.map(select, draws.reset_state, inner_step)
+            obs = jax.tree.map(select, draws.reset_obs, obs_step)
+            final_obs = obs_step
+        else:
+            obs, inner, reward, terminated, truncated, info = self.env.step(
+                draws.step_key, state.inner, action, self.params)
+            final_obs = info["final_observation"]
         reward = jnp.asarray(reward, jnp.float32)
         done = jnp.logical_or(terminated, truncated)
         episode_return = state.episode_return + reward
@@ -111,7 +155,7 @@ class GymnaxEnv:
             reward=reward,
             terminated=jnp.asarray(terminated, bool),
             truncated=jnp.logical_and(truncated, jnp.logical_not(terminated)),
-            final_obs=info["final_observation"].astype(self.spec.obs_dtype),
+            final_obs=final_obs.astype(self.spec.obs_dtype),
             episode_return=episode_return,
             episode_length=episode_length,
         )

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer import parallel
 from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
+from podracer.distributions import sampling_noise
 from podracer.errors import PodracerError
 from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, make_update, policy_inputs
 from podracer.types import TrainState
@@ -91,15 +92,18 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
     axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 else ()
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
-    act_fn = make_act(apply_fn, ppo_config)
+    act_fn = make_act(apply_fn, ppo_config, presampled=True)
     local_envs = layout.envs_per_device
 
-    def _rollout_keys(key):
-        # Every (step, env) key at once, as one vectorised computation outside the
-        # sequential loop: [T, B, 2] (action key, env key).
+    def _rollout_draws(key):
+        # The randomness of every (step, environment) of a rollout, drawn at once as
+        # one vectorised computation outside the sequential loop, from one key per
+        # (step, env) pair: [T, B, ...] action noise and environment draws.
         step_keys = jax.random.split(key, config.rollout_len)
         env_keys = jax.vmap(lambda k: _env_keys(k, local_envs, axes))(step_keys)
-        return jax.vmap(jax.vmap(jax.random.split))(env_keys)
+        action_keys, env_step_keys = jnp.moveaxis(jax.vmap(jax.vmap(jax.random.split))(env_keys), 2, 0)
+        noise = jax.vmap(jax.vmap(lambda k: sampling_noise(k, env.spec.discrete, env.spec.action_dim)))
+        return noise(action_keys), jax.vmap(jax.vmap(env.draw))(env_step_keys)
 
     def init(key):
         param_key, env_key, run_key = jax.random.split(key, 3)
@@ -108,10 +112,11 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
         env_state, timestep = jax.vmap(env.reset)(_env_keys(env_key, local_envs, axes))
         return RunnerState(train, env_state, timestep.obs, run_key)
 
-    def env_step(params, obs_stats, carry, keys):
+    def env_step(params, obs_stats, carry, draws):
         env_state, obs = carry
-        action, log_prob, value = act_fn(params, obs_stats, obs, keys[:, 0])
-        env_state, ts = jax.vmap(env.step)(keys[:, 1], env_state, action)
+        action_noise, env_draws = draws
+        action, log_prob, value = act_fn(params, obs_stats, obs, action_noise)
+        env_state, ts = jax.vmap(env.step_with)(env_draws, env_state, action)
         return (env_state, ts.obs), (obs, action, log_prob, value, ts)
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
@@ -119,7 +124,7 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
         train = runner.train
         step = lambda c, k: env_step(train.params, train.obs_stats, c, k)
         (env_state, obs), (obs_t, action, log_prob, value, ts) = jax.lax.scan(
-            step, (runner.env_state, runner.obs), _rollout_keys(rollout_key))
+            step, (runner.env_state, runner.obs), _rollout_draws(rollout_key))
         ts: TimeStep
         # Values of the observations that ended truncated episodes, and of the next
         # observation, by the same (behaviour) parameters, in one batched call each.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from podracer import parallel
@@ -30,34 +32,64 @@ def policy_inputs(obs: jax.Array, obs_stats: RunningStats, config: PPOConfig) ->
     return normalize(obs_stats, obs) if config.normalize_observations else obs
 
 
-def make_act(apply_fn: ApplyFn, config: PPOConfig, deterministic: bool = False) -> Callable:
-    """`act(params, obs_stats, obs, keys) -> (action, log_prob, value)` for a batch.
+def make_act(apply_fn: ApplyFn, config: PPOConfig, deterministic: bool = False,
+             presampled: bool = False) -> Callable:
+    """`act(params, obs_stats, obs, randomness) -> (action, log_prob, value)` for a batch.
 
-    `keys` holds one PRNG key per observation ([B, 2]), so an environment's action
-    depends on its own key only, not on how the batch is split over devices.
+    `randomness` holds one PRNG key per observation ([B, 2]), so an environment's
+    action depends on its own key only, not on how the batch is split over
+    devices. With `presampled`, it is instead the sampling noise drawn ahead from
+    those keys ([B, action_dim], `distributions.sampling_noise`): the same actions.
     """
 
-    def act(params, obs_stats, obs, keys):
+    def act(params, obs_stats, obs, randomness):
         dist, value = apply_fn(params, policy_inputs(obs, obs_stats, config))
         if deterministic:
             action = dist.mode()
+        elif presampled:
+            action = dist.sample_from_noise(randomness)
         else:
-            action = jax.vmap(lambda d, k: d.sample(k))(dist, keys)
+            action = jax.vmap(lambda d, k: d.sample(k))(dist, randomness)
         return action, dist.log_prob(action), value
 
     return act
 
 
-def _shuffle_time(tree, key: jax.Array, env_offset, num_envs: int):
-    """Permute each environment column's T rows with its own key.
+def random_permutation(key: jax.Array, n: int) -> jax.Array:
+    """A uniformly random permutation of `range(n)`, like `jax.random.permutation`.
+
+    The same method (sort by random words, rounds enough that ties are unlikely),
+    with each index packed into the low bits of its random word: one sort of
+    one uint32 operand, which XLA:CPU runs about 6x faster than the key-value
+    sort `jax.random.permutation` lowers to. Rounds are counted by the random
+    bits that are left, as jax does for its 32.
+    """
+    index_bits = max(1, (n - 1).bit_length())
+    random_bits = 32 - index_bits
+    if random_bits < 8:
+        return jax.random.permutation(key, n)
+    rounds = math.ceil(3 * math.log(max(n, 2)) / (random_bits * math.log(2)))
+    mask = np.uint32((1 << index_bits) - 1)
+    order = jnp.arange(n, dtype=jnp.uint32)
+    for round_key in ([key] if rounds == 1 else jax.random.split(key, rounds)):
+        words = jax.random.bits(round_key, (n,), jnp.uint32)
+        order = jnp.sort((words & ~mask) | order) & mask
+    return order.astype(jnp.int32)
+
+
+def _time_orders(key: jax.Array, env_offset, num_envs: int, num_steps: int) -> jax.Array:
+    """One random order of the T steps for every environment column: [T, B].
 
     The key of column b is derived from its *global* index, so a batch split over
     any number of devices is shuffled exactly as it would be on one device.
     """
     env_index = env_offset + jnp.arange(num_envs)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(env_index)
-    num_steps = jax.tree.leaves(tree)[0].shape[0]
-    order = jax.vmap(lambda k: jax.random.permutation(k, num_steps))(keys).T  # [T, B]
+    return jax.vmap(lambda k: random_permutation(k, num_steps))(keys).T
+
+
+def _shuffle_time(tree, order: jax.Array):
+    """Reorder each environment column's T rows by its column of `order` [T, B]."""
 
     def take(x):
         index = order.reshape(order.shape + (1,) * (x.ndim - 2))
@@ -115,12 +147,15 @@ def make_update(
         env_offset = parallel.axis_offset(num_envs, axis_names)
 
         def epoch(carry, epoch_key):
-            shuffled = _shuffle_time(data, epoch_key, env_offset, num_envs)
+            order = _time_orders(epoch_key, env_offset, num_envs, num_steps)
+            shuffled = _shuffle_time(data, order)
             minibatches = jax.tree.map(
                 lambda x: x.reshape((config.minibatches, -1) + x.shape[2:]), shuffled)
             return jax.lax.scan(minibatch_step, carry, minibatches,
                                 unroll=config.unroll_minibatches)
 
+        # Each epoch draws its own orders inside the loop: drawn for all epochs ahead,
+        # the whole update ran ~8% slower on XLA:CPU (measured).
         epoch_keys = jax.random.split(key, config.epochs)
         (params, opt_state), metrics = jax.lax.scan(
             epoch, (state.params, state.opt_state), epoch_keys, unroll=config.unroll_minibatches)
