@@ -81,3 +81,40 @@ def test_broken_update_cannot_reach_the_threshold(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["episode_return_mean"] < 100
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "MountainCar-v0", "DeepSea-bsuite"])
+def test_step_with_draws_ahead_matches_gymnax(env_id):
+    """`step_with(draw(key), ...)` (what Anakin's rollout runs, randomness drawn ahead)
+    must be gymnax's own auto-resetting `step(key, ...)`, bit for bit, resets included.
+    DeepSea overrides gymnax's step and keeps its own."""
+    env = make_env(env_id)
+    inner_env, params = env.env, env.params
+    key = jax.random.PRNGKey(0)
+    state, timestep = env.reset(key)
+    _, inner = inner_env.reset(key, params)
+
+    def random_action(k):
+        if env.spec.discrete:
+            return jax.random.randint(k, (), 0, env.spec.action_dim)
+        return jax.random.uniform(k, (env.spec.action_dim,), minval=-2.0, maxval=2.0)
+
+    @jax.jit
+    def both(state, inner, key):
+        step_key, action_key = jax.random.split(key)
+        action = random_action(action_key)
+        state, ts = env.step_with(env.draw(step_key), state, action)
+        obs, inner, reward, terminated, truncated, info = inner_env.step(
+            step_key, inner, env._env_action(action), params)
+        return state, inner, ts, (obs, reward, terminated, truncated, info["final_observation"])
+
+    resets = 0
+    for i in range(600):
+        state, inner, ts, (obs, reward, terminated, truncated, final_obs) = both(state, inner, jax.random.fold_in(key, i))
+        np.testing.assert_array_equal(ts.obs, np.asarray(obs, ts.obs.dtype))
+        np.testing.assert_array_equal(ts.final_obs, np.asarray(final_obs, ts.obs.dtype))
+        np.testing.assert_array_equal(ts.reward, reward)
+        assert bool(ts.terminated) == bool(terminated)
+        assert bool(ts.truncated) == bool(truncated and not terminated)
+        resets += bool(terminated or truncated)
+    assert resets > 0

@@ -8,7 +8,7 @@
 from podracer.ppo.config import PPOConfig
 from podracer.ppo.gae import gae_advantages
 from podracer.ppo.losses import Samples, normalize_advantages, ppo_loss
-from podracer.ppo.update import init_train_state, make_act, make_update, policy_inputs
+from podracer.ppo.update import init_train_state, make_act, make_update, policy_inputs, random_permutation
 from podracer.types import TrainState, Transition
 
 __all__ = [
@@ -23,4 +23,5 @@ __all__ = [
     "normalize_advantages",
     "policy_inputs",
     "ppo_loss",
+    "random_permutation",
 ]
