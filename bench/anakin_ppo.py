@@ -27,9 +27,7 @@ import time
 
 import common  # noqa: F401  (puts the repository on sys.path)
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 import peer_purejaxrl
 from podracer import parallel

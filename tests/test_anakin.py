@@ -116,5 +116,9 @@ def test_step_with_draws_ahead_matches_gymnax(env_id):
         np.testing.assert_array_equal(ts.reward, reward)
         assert bool(ts.terminated) == bool(terminated)
         assert bool(ts.truncated) == bool(truncated and not terminated)
+        # The whole environment state, not just what it shows: DeepSea's own step keeps
+        # counters across resets that a re-implemented step would drop.
+        for ours, theirs in zip(jax.tree.leaves(state.inner), jax.tree.leaves(inner)):
+            np.testing.assert_array_equal(ours, theirs)
         resets += bool(terminated or truncated)
     assert resets > 0
