@@ -251,4 +251,6 @@ def test_a_joined_process_exits_when_its_peer_dies(tmp_path):
     procs[1].wait()
     assert time.monotonic() - killed < 60
     assert procs[0].returncode != 0
-    assert "another task died" in stderr or "unhealthy" in stderr
+    # Whichever notices first: jax.distributed's heartbeat, or gloo's transport in the
+    # middle of a collective the dead peer was part of (more likely on a busy machine).
+    assert any(sign in stderr for sign in ("another task died", "unhealthy", "gloo")), stderr[-2000:]
