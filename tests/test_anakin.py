@@ -10,7 +10,7 @@ import pytest
 from conftest import LAUNCHER, PYTHON
 from podracer import parallel
 from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.anakin.loop import AnakinConfig, _pack_rows, make_anakin
 from podracer.networks import make_network
 from podracer.ppo import PPOConfig
 
@@ -53,6 +53,24 @@ def test_train_call_does_not_recompile_and_learns_something():
 def _launch(*args, timeout=120):
     return subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True,
                           timeout=timeout)
+
+
+def test_packed_rows_unpack_to_the_same_tree():
+    """The rollout's carry packing: one array per dtype, every leaf back bit for bit."""
+    import jax.numpy as jnp
+
+    key = jax.random.PRNGKey(0)
+    tree = {"obs": jax.random.normal(key, (3, 2, 4)), "time": jnp.arange(3, dtype=jnp.int32),
+            "done": jnp.array([True, False, True]), "ret": jnp.array([1.5, -2.0, jnp.nan]),
+            "len": jnp.array([7, 8, 9], jnp.int32)}
+    packed, unpack = _pack_rows(tree)
+    assert sorted((a.dtype.name, a.shape) for a in packed) == [
+        ("bool", (3, 1)), ("float32", (3, 9)), ("int32", (3, 2))]
+    back = jax.jit(unpack)(packed)
+    assert jax.tree.structure(back) == jax.tree.structure(tree)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(tree)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
 
 
 def test_default_run_solves_cartpole(tmp_path):

@@ -66,6 +66,17 @@ class EnvSpec(NamedTuple):
     action_high: np.ndarray | None
 
 
+def _strongly_typed(tree):
+    """`tree` with every leaf strongly typed (its dtype kept).
+
+    gymnax builds some state fields from Python scalars (CartPole's step counter),
+    which makes them weakly typed; whatever rebuilds a state (a loop that packs its
+    carry) returns it strongly typed, and a jitted step whose output types differ
+    from its input's compiles again on its second call.
+    """
+    return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.result_type(x)), tree)
+
+
 def gymnax_ids() -> list[str]:
     import gymnax
 
@@ -112,6 +123,7 @@ class GymnaxEnv:
 
     def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
         obs, inner = self.env.reset(key, self.params)
+        inner = _strongly_typed(inner)
         obs = obs.astype(self.spec.obs_dtype)
         zero = jnp.zeros((), jnp.float32)
         timestep = TimeStep(obs, zero, jnp.array(False), jnp.array(False), obs, zero,
@@ -127,7 +139,7 @@ class GymnaxEnv:
             return StepDraws(key, None, None)
         step_key, reset_key = jax.random.split(key)
         reset_obs, reset_state = self.env.reset_env(reset_key, self.params)
-        return StepDraws(step_key, reset_obs, reset_state)
+        return StepDraws(step_key, reset_obs, _strongly_typed(reset_state))
 
     def step_with(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         """One step with its randomness drawn ahead (`draw`); auto-resets."""

@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
@@ -62,6 +63,36 @@ def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> Layo
             f"--rollout-len={config.rollout_len} does not split into --minibatches="
             f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
     return Layout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
+
+
+def _pack_rows(tree) -> tuple[tuple[jax.Array, ...], Callable]:
+    """Every [B, ...] leaf of `tree` as columns of one [B, k] array per dtype.
+
+    Returns those arrays and `unpack(arrays) -> tree`. The rollout carries its
+    environments packed: XLA:CPU copies each loop-carried buffer that a step both
+    reads and rewrites, once per step, so CartPole's nine carried arrays cost nine
+    copy kernels a step and its two packed ones two (with the slices and the
+    concatenation fused into the step's own kernels).
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    groups: dict[Any, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        groups.setdefault(jnp.dtype(leaf.dtype), []).append(i)
+    shapes = [leaf.shape[1:] for leaf in leaves]
+    packed = tuple(jnp.concatenate([leaves[i].reshape(leaves[i].shape[0], -1) for i in group], axis=1)
+                   for group in groups.values())
+
+    def unpack(arrays):
+        out = [None] * len(leaves)
+        for array, group in zip(arrays, groups.values()):
+            column = 0
+            for i in group:
+                width = int(np.prod(shapes[i], dtype=int))
+                out[i] = array[:, column:column + width].reshape(array.shape[:1] + shapes[i])
+                column += width
+        return jax.tree.unflatten(treedef, out)
+
+    return packed, unpack
 
 
 def _env_keys(key: jax.Array, num_local: int, axis_names) -> jax.Array:
@@ -115,21 +146,29 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
     def env_step(params, obs_stats, carry, draws):
         env_state, obs = carry
         action_noise, env_draws = draws
-        action, log_prob, value = act_fn(params, obs_stats, obs, action_noise)
+        # The value is left out (XLA drops the critic from the loop): it is computed
+        # for the whole rollout at once afterwards.
+        action, log_prob, _ = act_fn(params, obs_stats, obs, action_noise)
         env_state, ts = jax.vmap(env.step_with)(env_draws, env_state, action)
-        return (env_state, ts.obs), (obs, action, log_prob, value, ts)
+        return (env_state, ts.obs), (obs, action, log_prob, ts)
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
         train = runner.train
-        step = lambda c, k: env_step(train.params, train.obs_stats, c, k)
-        (env_state, obs), (obs_t, action, log_prob, value, ts) = jax.lax.scan(
-            step, (runner.env_state, runner.obs), _rollout_draws(rollout_key))
+        packed, unpack = _pack_rows((runner.env_state, runner.obs))
+
+        def step(packed, draws):
+            carry, out = env_step(train.params, train.obs_stats, unpack(packed), draws)
+            return _pack_rows(carry)[0], out
+
+        packed, (obs_t, action, log_prob, ts) = jax.lax.scan(step, packed, _rollout_draws(rollout_key))
+        env_state, obs = unpack(packed)
         ts: TimeStep
-        # Values of the observations that ended truncated episodes, and of the next
-        # observation, by the same (behaviour) parameters, in one batched call each.
-        _, final_value = apply_fn(train.params, policy_inputs(ts.final_obs, train.obs_stats, ppo_config))
-        _, bootstrap_value = apply_fn(train.params, policy_inputs(obs, train.obs_stats, ppo_config))
+        # The behaviour parameters' values of every observation acted on, of those
+        # that ended truncated episodes and of the next one, each in one batched call:
+        # one [T * B] matrix product costs less than T small ones inside the loop.
+        value_of = lambda o: apply_fn(train.params, policy_inputs(o, train.obs_stats, ppo_config))[1]
+        value, final_value, bootstrap_value = value_of(obs_t), value_of(ts.final_obs), value_of(obs)
         batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
                            final_value)
         done = jnp.logical_or(ts.terminated, ts.truncated)
