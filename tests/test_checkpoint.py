@@ -61,27 +61,31 @@ def _wait_for(predicate, timeout):
 
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    # 120 updates and 15 saves: long enough that the kill below lands mid-run (an
+    # update takes milliseconds; at 40 updates the run could end inside the 0.5 s).
+    total = 30720
+    run = [*RUN, f"--total-steps={total}", "--checkpoint-every=2048"]
     reference = tmp_path / "reference"
-    result = _launch([*RUN, "--checkpoint-every=2048", f"--run-dir={reference}"], tmp_path)
+    result = _launch([*run, f"--run-dir={reference}"], tmp_path)
     assert result.returncode == 0, result.stderr
 
     run_dir = tmp_path / "killed"
-    proc = _start([*RUN, "--checkpoint-every=2048", f"--run-dir={run_dir}"], tmp_path)
+    proc = _start([*run, f"--run-dir={run_dir}"], tmp_path)
     assert _wait_for(lambda: _steps(run_dir), 120), "no checkpoint appeared"
     time.sleep(random.uniform(0.0, 0.5))  # a random point after the first checkpoint
     proc.kill()
     proc.wait(timeout=30)
     killed_at = _steps(run_dir)[-1]
-    assert killed_at < 10240 or proc.returncode == 0
+    assert killed_at < total or proc.returncode == 0
 
-    result = _launch([*RUN, "--checkpoint-every=2048", f"--run-dir={run_dir}"], tmp_path)
+    result = _launch([*run, f"--run-dir={run_dir}"], tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from_env_steps"] == killed_at
     _assert_bitwise_equal(_final_params(run_dir), _final_params(reference))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [row["env_steps"] for row in rows]
-    assert steps == sorted(set(steps)) and steps[-1] == 10240  # no interval logged twice
+    assert steps == sorted(set(steps)) and steps[-1] == total  # no interval logged twice
 
 
 def test_kill_during_a_save_keeps_the_last_good_checkpoint(tmp_path):
