@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
     try:
         from evosax.algorithms import Open_ES
     except ImportError:
-        sys.exit("bench/es.py compares against evosax: pip install 'podracer[bench]' (or evosax)")
+        sys.exit("bench/es.py compares against evosax: pip install -e \".[bench]\" (or evosax)")
 
     from podracer import parallel
     from podracer.anakin.env import make_env

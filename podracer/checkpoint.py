@@ -22,7 +22,9 @@ from typing import Any, Iterator
 
 import jax
 
+from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
+from podracer.session import signals
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -47,16 +49,13 @@ RESUMABLE_CHANGES = {
 class CheckpointConfig:
     """When to save; where is always RUN_DIR/checkpoints."""
 
-    checkpoint_every: int = 100_000
+    checkpoint_every: int = bounded(100_000, NON_NEGATIVE)
     """Save every this many env steps (rounded up to whole host calls); 0: only at the end and on SIGTERM/SIGINT."""
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = bounded(3, POSITIVE)
     """Checkpoints to keep; older ones are deleted once a newer one is complete."""
 
     def __post_init__(self):
-        if self.checkpoint_every < 0:
-            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
-        if self.keep_checkpoints <= 0:
-            raise ValueError(f"--keep-checkpoints must be positive, got {self.keep_checkpoints}")
+        check_bounds(self)
 
 
 def config_record(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -213,6 +212,7 @@ def stop_on_signals() -> Iterator[StopFlag]:
     second signal, once `REPEAT_WINDOW_S` has passed, raises KeyboardInterrupt.
     """
     flag = StopFlag()
+    signals.training_started()  # from here a signal saves before stopping
 
     def handler(signum, _frame):
         if flag.signal is not None:

@@ -9,11 +9,45 @@ never written back into a config.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import optax
 
+from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
+
 ARCHS = ("anakin", "sebulba")
 ALGOS = ("ppo", "es")
+
+# The sections each (architecture, algorithm) reads, and the fields of those
+# sections it does not: a flag that no section of the pair reads is refused, so
+# nothing is silently ignored.
+USES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("anakin", "ppo"): ("run", "ppo", "anakin", "optimizer", "network", "checkpoint", "distributed",
+                        "logging", "data"),
+    ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging"),
+    ("sebulba", "ppo"): ("run", "ppo", "sebulba", "optimizer", "network", "checkpoint", "distributed",
+                         "logging"),
+    ("sebulba", "es"): ("run", "es", "sebulba", "network", "checkpoint", "distributed", "logging"),
+}
+IGNORES: dict[tuple[str, str], dict[str, str]] = {
+    # field -> why, for fields of a section the pair reads that it has no use for
+    ("sebulba", "ppo"): {"wandb": "Sebulba does not log to W&B yet",
+                         "wandb_project": "Sebulba does not log to W&B yet"},
+    ("sebulba", "es"): {
+        "num_envs": "the population sets the environments (one per member episode)",
+        "rollout_len": "members play whole episodes",
+        "async_envs": "members play whole episodes", "synchronous": "generations run in lock step",
+        "generations_per_call": "actors and learner meet every generation",
+        "horizon": "envpool ends episodes at its own time limit",
+        "wandb": "Sebulba does not log to W&B yet",
+        "wandb_project": "Sebulba does not log to W&B yet"},
+}
+
+
+def used_configs(configs: dict[str, Any]) -> dict[str, Any]:
+    """The sections of `configs` that its (arch, algo) pair reads, in their order."""
+    run = configs["run"]
+    return {name: cfg for name, cfg in configs.items() if name in USES[(run.arch, run.algo)]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,39 +60,41 @@ class RunConfig:
     """Algorithm: ppo or es."""
     env: str = "CartPole-v1"
     """Environment id (gymnax ids for anakin, envpool ids for sebulba)."""
-    seed: int = 0
+    seed: int = bounded(0, NON_NEGATIVE)
     """Random seed; the same seed and global sizes give the same run on any device count."""
-    total_steps: int = 500_000
+    total_steps: int = bounded(500_000, POSITIVE)
     """Environment steps to train for (over every device)."""
-    run_dir: str = "runs/latest"
-    """Directory for metrics.jsonl and summary.json."""
-    cpu_devices: int = 0
+    run_dir: str = ""
+    """Where the run's outputs go (metrics.jsonl, summary.json, tensorboard/, checkpoints/). Default: a new directory runs/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS, and runs/latest links to the newest. A directory that holds a checkpoint RESUMES from it: run the same command with the same --run-dir after a preemption, a crash or Ctrl-C (--total-steps may grow; other settings must match). A finished run's directory is reported and left unchanged."""
+    cpu_devices: int = bounded(0, NON_NEGATIVE)
     """On a CPU-only machine, split the CPU into this many JAX devices (0: JAX's default)."""
+
+    def __post_init__(self):
+        check_bounds(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """Adam with global-norm clipping and an optional linear learning-rate decay."""
 
-    lr: float = 2.5e-4
+    lr: float = bounded(2.5e-4, NON_NEGATIVE)
     """Learning rate."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to zero over the run."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = bounded(0.5, POSITIVE)
     """Clip gradients to this global norm."""
-    adam_eps: float = 1e-5
+    adam_eps: float = bounded(1e-5, POSITIVE)
     """Adam's epsilon."""
 
     def __post_init__(self):
-        if self.lr < 0 or self.max_grad_norm <= 0 or self.adam_eps <= 0:
-            raise ValueError("--lr must be >= 0, --max-grad-norm and --adam-eps > 0")
+        check_bounds(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
     """Actor-critic network for vector observations (pixels get Nature-CNN)."""
 
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: tuple[int, ...] = bounded((64, 64), POSITIVE)
     """Hidden layer widths of the actor and the critic MLPs."""
     activation: str = "tanh"
     """Hidden activation: tanh or relu."""
@@ -66,8 +102,9 @@ class NetworkConfig:
     def __post_init__(self):
         if self.activation not in ("tanh", "relu"):
             raise ValueError(f"--activation must be tanh or relu, got {self.activation!r}")
-        if not self.hidden or min(self.hidden) <= 0:
-            raise ValueError(f"--hidden needs positive widths, got {self.hidden}")
+        if not self.hidden:
+            raise ValueError("--hidden needs at least one width")
+        check_bounds(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +117,11 @@ class LogConfig:
     """Weights & Biases project name."""
     profile: bool = False
     """Attribute the run's wall time to named operations (a table, also in summary.json) and write a jax.profiler trace to RUN_DIR/profile; Anakin then runs its phases as separate programs."""
-    profile_trace_s: float = 5.0
+    profile_trace_s: float = bounded(5.0, NON_NEGATIVE)
     """With --profile: seconds of training the trace covers (the time table covers the whole run; on CPU a trace grows by tens of MB a second); 0 for no trace."""
 
     def __post_init__(self):
-        if self.profile_trace_s < 0:
-            raise ValueError(f"--profile-trace-s must be >= 0, got {self.profile_trace_s}")
+        check_bounds(self)
 
 
 def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:

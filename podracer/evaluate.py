@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from podracer.errors import PodracerError
 
 
 def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> np.ndarray:
@@ -72,8 +71,6 @@ def main(argv) -> int:
     from podracer.policy import EvalConfig, load_policy, run_config_of
 
     config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")
-    if config.episodes <= 0:
-        raise PodracerError(f"--episodes must be positive, got {config.episodes}")
     act = load_policy(config.run_dir, config.deterministic)
     run = run_config_of(config.run_dir)["run"]
     returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns

@@ -3,6 +3,12 @@
 Keys every architecture and algorithm writes (stable; later additions only add):
 `env_steps`, `sps`, `episode_return_mean`; the summary adds `wall_s`. Evolution
 strategies add `mean_params_return` (shown on the progress line) and `generations`.
+
+The progress line reads
+
+    steps     100,352/500,000 (20%)      23,456 steps/s  return    21.50  elapsed 0:00:04  eta 0:00:17
+
+with `return -` until the first episode ends and `eta -:--:--` while unknown.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ import time
 from typing import Any, TextIO
 
 from podracer.errors import PodracerError
+
+# The clock the logger reads; a module attribute so that tests can drive it.
+clock = time.perf_counter
+
+# On a terminal the line rewrites itself in place, at most this often.
+TERMINAL_INTERVAL_S = 0.1
 
 
 def _jsonable(value: Any) -> Any:
@@ -42,38 +54,69 @@ def start_wandb(configs: dict[str, Any]) -> Any:
                       config={name: dataclasses.asdict(cfg) for name, cfg in configs.items()})
 
 
-def prepare_run_dir(run_dir: str) -> str:
-    """Create `run_dir` (and parents) or explain why it cannot be written."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, ".write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise PodracerError(f"cannot write to --run-dir={run_dir} ({err.strerror}); "
-                            f"pass a directory you can write to") from None
-    return run_dir
+def format_duration(seconds: float | None) -> str:
+    """`h:mm:ss` (hours unbounded: 31 hours is `31:12:40`); `-:--:--` when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "-:--:--"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def _format_return(value: float | None) -> str:
+    # Before the first episode ends there is no return yet: say so, not `nan`.
+    if value is None or not math.isfinite(value):
+        return f"{'-':>8}"
+    return f"{value:>8.2f}"
+
+
+def progress_line(env_steps: int, total_steps: int, sps: float, episode_return: float | None,
+                  elapsed_s: float, mean_params_return: float | None = None) -> str:
+    """One progress line from the numbers; the ETA is what is left at `sps`."""
+    # Rounded down, so a run shows 100% only when it is done.
+    percent = min(100, 100 * env_steps // total_steps) if total_steps > 0 else 100
+    eta = max(total_steps - env_steps, 0) / sps if sps and sps > 0 else None
+    line = (f"steps {env_steps:>11,}/{total_steps:,} ({percent}%)  {sps or 0.0:>10,.0f} steps/s  "
+            f"return {_format_return(episode_return)}")
+    if mean_params_return is not None:  # evolution strategies: the return of the mean parameters
+        line += f"  mean params {_format_return(mean_params_return)}"
+    return line + f"  elapsed {format_duration(elapsed_s)}  eta {format_duration(eta)}"
 
 
 class RunLogger:
     """Appends metrics lines, prints progress, writes the summary.
 
-    On a terminal the progress line rewrites itself; elsewhere (CI, log files)
-    it prints one plain line per interval.
+    Every `log()` call writes its row to `metrics.jsonl`, TensorBoard and W&B.
+    The progress line is rate-limited so that a long run stays readable: on a
+    terminal it rewrites itself in place (at most every `TERMINAL_INTERVAL_S`);
+    elsewhere (CI, log files, notebook cells) it prints one plain line at most
+    every `min_interval_s`. The first row, the final row (`env_steps >=
+    total_steps`) and the last row before `summary()` are always shown.
     """
 
     def __init__(self, run_dir: str, total_steps: int, stream: TextIO | None = None,
-                 enabled: bool = True, resume_steps: int = 0, wandb_run: Any = None):
+                 enabled: bool = True, resume_steps: int = 0, wandb_run: Any = None,
+                 min_interval_s: float = 5.0):
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.enabled = enabled
-        self.start = time.perf_counter()
+        # `wall_s` in rows and the summary counts from here (compilation
+        # included where the driver compiles after this), as it always has:
+        # `podracer.plot` draws return against it, so moving it would shift
+        # every run's wall-time curve. The progress line's `elapsed` counts
+        # from `train_start` instead, which `compiled()` moves to the end of
+        # compilation.
+        self.start = clock()
+        self.train_start = self.start
         self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.min_interval_s = TERMINAL_INTERVAL_S if self.interactive else min_interval_s
         self.last_return = float("nan")
         self.rows = 0
         self._wandb = wandb_run
+        self._last_printed: float | None = None  # when a progress line was last written
+        self._unprinted: str | None = None  # the newest line held back by the rate limit
+        self._width = 0  # of the line on screen, to blank what a shorter one leaves
         if enabled:
             self._file = self._open_metrics(resume_steps)
             from tensorboardX import SummaryWriter
@@ -103,7 +146,19 @@ class RunLogger:
         return open(path, "a")
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        """Seconds since the logger was made: the `wall_s` of rows and the summary."""
+        return clock() - self.start
+
+    def compiled(self, seconds: float) -> None:
+        """Say that compilation took `seconds` and training starts now.
+
+        The progress line's `elapsed` counts from this call.
+        """
+        self.train_start = clock()
+        if self.enabled:
+            self._end_line()
+            self.stream.write(f"compiled in {seconds:.1f} s; training\n")
+            self.stream.flush()
 
     def log(self, metrics: dict[str, Any]) -> None:
         """Record one interval; must contain `env_steps`, `sps`, `episode_return_mean`."""
@@ -125,17 +180,36 @@ class RunLogger:
         self._progress(metrics)
 
     def _progress(self, metrics: dict[str, Any]) -> None:
-        steps, sps = metrics["env_steps"], metrics["sps"] or 0.0
-        eta = (self.total_steps - steps) / sps if sps else float("nan")
-        line = (f"steps {steps:>11,}/{self.total_steps:,}  {sps:>10,.0f} steps/s  "
-                f"return {self.last_return:>8.2f}  eta {eta:>6.1f}s")
-        if metrics.get("mean_params_return") is not None:  # evolution strategies
-            line += f"  mean params {metrics['mean_params_return']:>8.2f}"
+        now = clock()
+        mean_params = None  # not evolution strategies: no `mean params` part
+        if "mean_params_return" in metrics:  # None until the mean parameters are first evaluated
+            mean_params = metrics["mean_params_return"] if metrics["mean_params_return"] is not None else math.nan
+        line = progress_line(metrics["env_steps"], self.total_steps, metrics["sps"], self.last_return,
+                             now - self.train_start, mean_params)
+        final = metrics["env_steps"] >= self.total_steps
+        due = self._last_printed is None or now - self._last_printed >= self.min_interval_s
+        if not (due or final):
+            self._unprinted = line  # shown by a later row, or by summary()
+            return
+        self._last_printed = now
+        self._write_line(line)
+
+    def _write_line(self, line: str) -> None:
+        self._unprinted = None
         if self.interactive:
-            self.stream.write("\r" + line)
+            # Pad to the previous line's width: `\r` only moves the cursor, so a
+            # shorter line would leave the old one's tail on screen.
+            self.stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
+
+    def _end_line(self) -> None:
+        """Finish a terminal's in-place line, so the next output starts on its own."""
+        if self._width:
+            self.stream.write("\n")
+            self._width = 0
 
     def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write `summary.json` and print it; returns what was written."""
@@ -152,12 +226,13 @@ class RunLogger:
             with open(tmp, "w") as f:
                 json.dump(summary, f, indent=2)
             os.replace(tmp, path)
-            if self.interactive:
-                self.stream.write("\n")
+            if self._unprinted is not None:  # the last printed line is the final state
+                self._write_line(self._unprinted)
+            self._end_line()
             width = max(len(key) for key in summary)
             self.stream.write("summary\n" + "".join(
                 f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()
-                if key != "profile"))
+                if key not in ("profile", "config")))
             if summary.get("profile"):
                 from podracer.profile import format_profile
 

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Sequence
 
+from podracer.bounds import POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 
 # Bounded waits: a peer that never shows up, or dies, ends the run with an error
@@ -35,7 +36,7 @@ STOP_GRACE_S = 10
 class DistConfig:
     """How many processes, and how they find each other."""
 
-    num_processes: int = 1
+    num_processes: int = bounded(1, POSITIVE)
     """Processes in the run; alone, spawns them on this machine."""
     coordinator: str = ""
     """HOST:PORT of process 0's coordinator, to join a run started elsewhere."""
@@ -45,8 +46,7 @@ class DistConfig:
     """off, or auto: jax.distributed.initialize() detects the cluster (TPU VM slices)."""
 
     def __post_init__(self):
-        if self.num_processes <= 0:
-            raise ValueError(f"--num-processes must be positive, got {self.num_processes}")
+        check_bounds(self)
         if self.distributed not in ("off", "auto"):
             raise ValueError(f"--distributed must be off or auto, got {self.distributed!r}")
         if self.coordinator:

@@ -1,9 +1,14 @@
 """Plots of runs: `python -m podracer.plot RUN_DIR [RUN_DIR ...] [--out FILE.png]`.
 
-Learning curves (mean return against env steps and against wall time) with
-several runs overlaid; runs whose configs differ only in `--seed` are drawn as
-one curve, their mean, with a band from the lowest to the highest seed. If a run
+Learning curves (return against env steps and against wall time) with several
+runs overlaid; runs whose configs differ only in `--seed` are drawn as one
+curve, their mean, with a band from the lowest to the highest seed. If a run
 was profiled (`--profile`), a bar chart of its time breakdown is added.
+
+Each run's headline curve (solid, with the band) is its key result: for PPO the
+mean episode return (`episode_return_mean`), for evolution strategies the
+return of the mean parameters (`mean_params_return`), with the population's
+mean fitness (`episode_return_mean`) beside it, thin and dashed.
 """
 
 from __future__ import annotations
@@ -12,35 +17,53 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from podracer.errors import PodracerError
 
 
-def read_curve(run_dir: str) -> dict[str, np.ndarray]:
+def _rows(run_dir: str) -> list[dict[str, Any]]:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         raise PodracerError(f"{run_dir} has no metrics.jsonl; pass the --run-dir of a run")
     rows = []
     for line in open(path):
         try:
-            row = json.loads(line)
-        except ValueError:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut short by a kill
             continue
-        if row.get("episode_return_mean") is not None:
-            rows.append(row)
+    return rows
+
+
+def _summary(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, "summary.json")
+    return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def read_curve(run_dir: str, key: str = "episode_return_mean") -> dict[str, np.ndarray]:
+    """`env_steps`, `wall_s` and `key` of the rows of the run's `metrics.jsonl` that have `key`."""
+    rows = [row for row in _rows(run_dir) if row.get(key) is not None]
     if not rows:
-        raise PodracerError(f"{run_dir} has no finished episodes to plot yet")
-    return {key: np.asarray([row.get(key, np.nan) for row in rows], float)
-            for key in ("env_steps", "wall_s", "episode_return_mean")}
+        what = {"episode_return_mean": "finished episodes",
+                "mean_params_return": "evaluations of the mean parameters"}.get(key, f"values of {key}")
+        raise PodracerError(f"{run_dir} has no {what} to plot yet")
+    return {name: np.asarray([row.get(name, np.nan) for row in rows], float)
+            for name in ("env_steps", "wall_s", key)}
+
+
+def is_es(run_dir: str) -> bool:
+    """An evolution strategies run: its summary says so or, while it runs, its rows do."""
+    summary = _summary(run_dir)
+    if "algo" in summary:
+        return summary["algo"] == "es"
+    return any(row.get("mean_params_return") is not None for row in _rows(run_dir))
 
 
 def _config(run_dir: str) -> dict[str, Any]:
     """The run's identity without its seed (from the latest checkpoint, else the summary)."""
-    summary_path = os.path.join(run_dir, "summary.json")
-    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    summary = _summary(run_dir)
     try:
         from podracer.policy import run_config_of
 
@@ -51,7 +74,7 @@ def _config(run_dir: str) -> dict[str, Any]:
         return config
     except PodracerError:
         return {"label": os.path.basename(os.path.normpath(run_dir)),
-                "arch": summary.get("arch"), "env": summary.get("env")}
+                "arch": summary.get("arch"), "algo": summary.get("algo"), "env": summary.get("env")}
 
 
 def group_by_seed(run_dirs: list[str]) -> list[tuple[str, list[str]]]:
@@ -69,39 +92,80 @@ def group_by_seed(run_dirs: list[str]) -> list[tuple[str, list[str]]]:
             for key, dirs in groups.items()]
 
 
-def _band(curves: list[dict[str, np.ndarray]], x_key: str):
+class Curve(NamedTuple):
+    """One line to draw: the metrics.jsonl key on the y axis and its legend entry."""
+
+    y_key: str
+    label: str
+
+
+class Group(NamedTuple):
+    """Runs identical but for the seed, and what to draw for them."""
+
+    run_dirs: list[str]
+    headline: Curve  # the runs' key result: solid, with the band over seeds
+    companion: Curve | None  # context for the headline: thin and dashed, in its colour
+
+
+def plan(run_dirs: list[str]) -> tuple[str, list[Group]]:
+    """The y label and the curves to draw for each group of runs.
+
+    PPO draws `episode_return_mean`, as "mean episode return" on the y axis.
+    Evolution strategies draw `mean_params_return` as the headline, since the
+    mean parameters are what the run trains and returns; the population's mean
+    fitness (`episode_return_mean`, the return of perturbed parameters) is the
+    companion. When the axes hold more than one kind of curve, the y label is
+    the plain "episode return" and each legend entry says which curve it is, so
+    that no curve sits under a label that names another.
+    """
+    runs = [(label, dirs, is_es(dirs[0])) for label, dirs in group_by_seed(run_dirs)]
+    if not any(es for _, _, es in runs):
+        return "mean episode return", [Group(dirs, Curve("episode_return_mean", label), None)
+                                       for label, dirs, _ in runs]
+    groups = []
+    for label, dirs, es in runs:
+        if es:
+            groups.append(Group(dirs, Curve("mean_params_return", f"{label}: return of the mean parameters"),
+                                Curve("episode_return_mean", f"{label}: population mean fitness")))
+        else:
+            groups.append(Group(dirs, Curve("episode_return_mean", f"{label}: mean episode return"), None))
+    return "episode return", groups
+
+
+def _band(curves: list[dict[str, np.ndarray]], x_key: str, y_key: str):
     """Mean, min and max of the curves on a shared grid of `x_key`."""
     end = min(c[x_key][-1] for c in curves)
     start = max(c[x_key][0] for c in curves)
     grid = np.linspace(start, end, 100) if end > start else np.asarray([end])
-    ys = np.stack([np.interp(grid, c[x_key], c["episode_return_mean"]) for c in curves])
+    ys = np.stack([np.interp(grid, c[x_key], c[y_key]) for c in curves])
     return grid, ys.mean(0), ys.min(0), ys.max(0)
 
 
-def plot(run_dirs: list[str], out: str) -> str:
-    import matplotlib
+def figure(run_dirs: list[str]):
+    """The plot as a matplotlib `Figure` (not registered with pyplot, so nothing to close)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = group_by_seed(run_dirs)
-    profiles = []
-    for run_dir in run_dirs:
-        path = os.path.join(run_dir, "summary.json")
-        if os.path.exists(path) and json.load(open(path)).get("profile"):
-            profiles.append((run_dir, json.load(open(path))["profile"]))
+    y_label, groups = plan(run_dirs)
+    profiles = [(run_dir, _summary(run_dir)["profile"]) for run_dir in run_dirs
+                if _summary(run_dir).get("profile")]
     panels = 2 + bool(profiles)
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5))
-    for label, dirs in groups:
-        curves = [read_curve(d) for d in dirs]
+    fig = Figure(figsize=(6 * panels, 4.5))
+    axes = fig.subplots(1, panels)
+    for group in groups:
+        headline = [read_curve(d, group.headline.y_key) for d in group.run_dirs]
+        companion = [read_curve(d, group.companion.y_key) for d in group.run_dirs] if group.companion else []
         for ax, x_key, x_label in ((axes[0], "env_steps", "environment steps"),
                                    (axes[1], "wall_s", "wall time (s)")):
-            grid, mean, low, high = _band(curves, x_key)
-            (line,) = ax.plot(grid, mean, label=label)
-            if len(curves) > 1:
+            grid, mean, low, high = _band(headline, x_key, group.headline.y_key)
+            (line,) = ax.plot(grid, mean, label=group.headline.label)
+            if len(headline) > 1:
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.25)
+            if companion:
+                grid, mean, _, _ = _band(companion, x_key, group.companion.y_key)
+                ax.plot(grid, mean, label=group.companion.label, color=line.get_color(),
+                        linestyle="--", linewidth=1, alpha=0.7)
             ax.set_xlabel(x_label)
-            ax.set_ylabel("mean episode return")
+            ax.set_ylabel(y_label)
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if profiles:
@@ -115,8 +179,12 @@ def plot(run_dirs: list[str], out: str) -> str:
         axes[2].set_xlabel("share of its thread's wall time (%)")
         axes[2].set_title(f"time breakdown: {os.path.basename(os.path.normpath(run_dir))}")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def plot(run_dirs: list[str], out: str) -> str:
+    """Write the plot of `run_dirs` to the PNG `out`; returns `out`."""
+    figure(run_dirs).savefig(out, dpi=100)
     return out
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from podracer.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                  restore_on_host)
+from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
 
@@ -135,10 +136,13 @@ class EvalConfig:
     """`python launch/tpu.py eval --run-dir=DIR --episodes=N`."""
 
     run_dir: str = "runs/latest"
-    """The run to evaluate (its latest checkpoint)."""
-    episodes: int = 10
+    """The run to evaluate (its latest checkpoint; runs/latest is the newest run)."""
+    episodes: int = bounded(10, POSITIVE)
     """Episodes to average over."""
-    seed: int = 0
+    seed: int = bounded(0, NON_NEGATIVE)
     """Seed for the environments and sampled actions."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""
+
+    def __post_init__(self):
+        check_bounds(self)

@@ -299,5 +299,5 @@ def test_without_the_data_extra_training_works_and_datasets_say_how_to_install(t
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=REPO_ROOT)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and "pip install 'podracer[data]'" in result.stderr
+    assert result.stderr.count("\n") == 1 and 'pip install "podracer-rl[data]"' in result.stderr
     assert not (tmp_path / "ds").exists()

@@ -84,11 +84,11 @@ def test_learns_cartpole_where_a_flipped_update_cannot():
 
 
 def test_config_rejects_settings_that_cannot_work():
-    with pytest.raises(ValueError, match="sigma must be positive"):
+    with pytest.raises(ValueError, match="--sigma must be > 0"):
         es.ESConfig(sigma=0.0)
     with pytest.raises(ValueError, match="even"):
         es.ESConfig(population=7)
-    with pytest.raises(ValueError, match="variant must be one of"):
+    with pytest.raises(ValueError, match="--variant must be one of"):
         es.ESConfig(variant="cma")
     with pytest.raises(ValueError, match="ARS variants only"):
         es.ESConfig(top_directions=4)
@@ -158,4 +158,4 @@ def test_cli_run_writes_metrics_and_summary(tmp_path):
 def test_cli_reports_a_bad_es_flag_in_one_line():
     result = _launch("--arch=anakin", "--algo=es", "--population=7")
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "population must be even" in result.stderr
+    assert result.stderr.count("\n") == 1 and "--population must be even" in result.stderr

@@ -206,15 +206,16 @@ def test_default_install_spec_pins_the_checked_out_commit(tmp_path):
                             capture_output=True, check=True).stdout.strip()
 
     spec, notes = default_install_spec(tmp_path)
-    assert spec == f"podracer @ git+https://github.com/me/podracer.git@{commit}"
+    assert spec == f"podracer-rl @ git+https://github.com/me/podracer.git@{commit}"
     assert len(notes) == 1 and "must be pushed" in notes[0] and "ghp_TOKEN" not in notes[0]
 
     (tmp_path / "a.txt").write_text("two\n")
     assert "uncommitted changes" in default_install_spec(tmp_path)[1][-1]
 
 
-def test_default_install_spec_without_git_uses_the_package_version(tmp_path, monkeypatch):
-    import podracer
+def test_default_install_spec_without_git_refuses(tmp_path):
+    """Without a fetchable commit there is nothing the workers could install: never a PyPI name."""
+    from podracer.errors import PodracerError
 
-    monkeypatch.setattr(podracer, "__version__", "9.8.7", raising=False)
-    assert default_install_spec(tmp_path) == ("podracer==9.8.7", [])
+    with pytest.raises(PodracerError, match="--install-spec"):
+        default_install_spec(tmp_path)

@@ -48,12 +48,16 @@ def test_bad_splits_are_one_line_errors(flags, message):
     (dict(num_envs=8, actor_threads=2), "do not split over 3 learner devices"),
     (dict(num_envs=9, async_envs=True), "even number per thread"),
     (dict(num_envs=6, rollout_len=30), "does not split into --minibatches=4"),
-    (dict(actor_threads=0), "--actor-threads must be positive"),
 ])
 def test_bad_sizes_are_one_line_errors(flags, message):
     split = split_devices(SebulbaConfig(), jax.devices()[:4])
     with pytest.raises(PodracerError, match=message):
         make_layout(SebulbaConfig(**flags), PPOConfig(), split)
+
+
+def test_sizes_out_of_their_range_are_refused_by_the_config():
+    with pytest.raises(ValueError, match="--actor-threads must be > 0, got 0"):
+        SebulbaConfig(actor_threads=0)
 
 
 def test_layout_sizes():

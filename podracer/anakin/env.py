@@ -77,6 +77,15 @@ def _strongly_typed(tree):
     return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.result_type(x)), tree)
 
 
+def _is_envpool_id(env_id: str) -> bool:
+    """Whether Sebulba could run `env_id` (asked only to explain a refusal)."""
+    try:
+        import envpool
+    except ImportError:
+        return False
+    return env_id in envpool.list_all_envs()
+
+
 def gymnax_ids() -> list[str]:
     import gymnax
 
@@ -93,6 +102,10 @@ class GymnaxEnv:
         import gymnax
 
         if env_id not in gymnax.registered_envs:
+            if _is_envpool_id(env_id):
+                raise PodracerError(f"{env_id} is an envpool environment, which runs on the host "
+                                    f"CPU; use --arch=sebulba (--arch=anakin runs gymnax "
+                                    f"environments, written in JAX)")
             close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise PodracerError(f"unknown gymnax environment {env_id!r}{hint}; "

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer import parallel
 from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
+from podracer.bounds import POSITIVE, bounded, check_bounds
 from podracer.distributions import sampling_noise
 from podracer.errors import PodracerError
 from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, make_update, policy_inputs
@@ -28,12 +29,15 @@ from podracer.types import TrainState
 class AnakinConfig:
     """How Anakin produces experience; sizes are global (over every device)."""
 
-    num_envs: int = 64
+    num_envs: int = bounded(64, POSITIVE)
     """Environments stepped in parallel, split evenly over every device."""
-    rollout_len: int = 64
+    rollout_len: int = bounded(64, POSITIVE)
     """Environment steps per environment between two updates."""
-    updates_per_call: int = 8
+    updates_per_call: int = bounded(8, POSITIVE)
     """Updates fused into one jitted call; the host syncs (and logs) between calls."""
+
+    def __post_init__(self):
+        check_bounds(self)
 
 
 class RunnerState(NamedTuple):
@@ -53,10 +57,6 @@ class Layout(NamedTuple):
 
 def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> Layout:
     num_devices = mesh.devices.size
-    for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len),
-                        ("--updates-per-call", config.updates_per_call)):
-        if value <= 0:
-            raise PodracerError(f"{flag} must be positive, got {value}")
     envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
     if config.rollout_len % ppo_config.minibatches:
         raise PodracerError(

@@ -14,13 +14,14 @@ from podracer import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
-from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
-from podracer.config import LogConfig, make_optimizer
+from podracer.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
+from podracer.config import LogConfig, make_optimizer, used_configs
 from podracer.data.config import DataConfig
 from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
 from podracer.errors import Interrupted, PodracerError
-from podracer.logger import RunLogger, prepare_run_dir, start_wandb
+from podracer.logger import RunLogger, start_wandb
 from podracer.networks import make_network
+from podracer.session.run_dir import prepare_run_dir
 from podracer.profile import make_profiler, no_measure
 
 
@@ -43,8 +44,6 @@ def _interval_metrics(metrics) -> dict:
 def build(configs: dict[str, Any], devices=None, profile: bool = False):
     """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases."""
     run, ppo_config, anakin = configs["run"], configs["ppo"], configs["anakin"]
-    if run.total_steps <= 0:
-        raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
     layout = make_layout(anakin, ppo_config, mesh)
@@ -104,6 +103,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
     logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=main_process,
                        resume_steps=start_call * steps_per_call,
                        wandb_run=start_wandb(configs) if main_process else None)
+    logger.compiled(compile_s)
     last_saved = start_call * steps_per_call if resuming else None
     if profiler:
         profiler.start()
@@ -168,10 +168,11 @@ def train_ppo(configs: dict[str, Any], devices=None):
         **cloned, **recorded,
         "wall_s": time.perf_counter() - wall_start,
         **profiled,
+        "config": config_record(used_configs(configs)),
     })
     if stopping:
         signum = stop.signal or signal.SIGTERM  # another process may have received it
         raise Interrupted(signum, f"stopped by signal {signum} at env step "
                                        f"{done_calls * steps_per_call:,}; checkpoint saved, "
-                                       f"run the same command to resume")
+                                       f"resume with --run-dir={run.run_dir}")
     return summary, runner

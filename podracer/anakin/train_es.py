@@ -14,11 +14,12 @@ from podracer import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
-from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
-from podracer.config import LogConfig
-from podracer.errors import Interrupted, PodracerError
-from podracer.logger import RunLogger, prepare_run_dir, start_wandb
+from podracer.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
+from podracer.config import LogConfig, used_configs
+from podracer.errors import Interrupted
+from podracer.logger import RunLogger, start_wandb
 from podracer.networks import make_policy_network
+from podracer.session.run_dir import prepare_run_dir
 from podracer.profile import make_profiler, no_measure
 
 
@@ -36,8 +37,6 @@ def es_row(metrics) -> dict:
 def build(configs: dict[str, Any], devices=None, profile: bool = False):
     """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
     run, es_config, net = configs["run"], configs["es"], configs["network"]
-    if run.total_steps <= 0:
-        raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
     layout = make_es_layout(es_config, env, mesh)
@@ -94,6 +93,7 @@ def train_es(configs: dict[str, Any], devices=None):
     logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=main_process,
                        resume_steps=start_call * steps_per_call,
                        wandb_run=start_wandb(configs) if main_process else None)
+    logger.compiled(compile_s)
     last_row: dict = {}
     if profiler:
         profiler.start()
@@ -159,10 +159,11 @@ def train_es(configs: dict[str, Any], devices=None):
         "params_fingerprints": parallel.process_fingerprints(runner.strategy.mean),
         "wall_s": time.perf_counter() - wall_start,
         **profiled,
+        "config": config_record(used_configs(configs)),
     })
     if stopping:
         signum = stop.signal or signal.SIGTERM  # another process may have received it
         raise Interrupted(signum, f"stopped by signal {signum} at env step "
                                   f"{done_calls * steps_per_call:,}; checkpoint saved, "
-                                  f"run the same command to resume")
+                                  f"resume with --run-dir={run.run_dir}")
     return summary, runner

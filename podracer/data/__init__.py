@@ -8,7 +8,7 @@
     windows = data.load_windows("/tmp/cartpole", size=8)    # [M, 8, ...]
 
 Importing this package needs nothing beyond podracer's own dependencies;
-writing and reading need `pip install 'podracer[data]'`.
+writing and reading need `pip install -e ".[data]"` (the distribution is `podracer-rl`).
 """
 
 from podracer.data.config import DataConfig

@@ -8,7 +8,7 @@ observation only, so its action, reward, discount and log-probability are not
 meaningful (podracer writes zeros there). `is_terminal` on the last step says the
 episode reached a terminal state; `is_last` without it means it was truncated.
 
-tensorflow-datasets is an optional dependency (`pip install podracer[data]`),
+tensorflow-datasets is an optional dependency (`pip install -e ".[data]"`),
 imported only when a dataset is written or read.
 """
 
@@ -83,7 +83,7 @@ def import_tfds():
         return importlib.import_module("tensorflow_datasets")
     except ImportError:
         raise PodracerError("datasets need tensorflow-datasets and array-record; "
-                            "install them with: pip install 'podracer[data]'") from None
+                            "install them with: pip install \"podracer-rl[data]\" (or pip install -e \".[data]\" in a checkout)") from None
 
 
 def tfds_features(steps: Mapping[str, FieldSpec], metadata: Mapping[str, FieldSpec] = EPISODE_METADATA):

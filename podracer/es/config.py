@@ -10,6 +10,8 @@ import dataclasses
 
 import optax
 
+from podracer.bounds import NON_NEGATIVE, POSITIVE, Bound, bounded, check_bounds
+
 from podracer.es.ars import make_ars
 from podracer.es.openai_es import make_openai_es
 from podracer.es.strategy import Strategy
@@ -28,47 +30,39 @@ class ESConfig:
 
     variant: str = "openai"
     """openai (Adam on the search gradient), ars_v1 (ARS) or ars_v2 (ARS with online observation normalisation)."""
-    population: int = 64
+    population: int = bounded(64, Bound(2))
     """Members per generation, even (antithetic pairs: for ARS, twice the directions); split evenly over every device (Anakin) or actor thread (Sebulba)."""
-    sigma: float = 0.05
+    sigma: float = bounded(0.05, POSITIVE)
     """Standard deviation of the parameter perturbations (ARS's exploration noise nu)."""
-    es_lr: float = 0.03
+    es_lr: float = bounded(0.03, POSITIVE)
     """OpenAI-ES: Adam's learning rate on the search gradient. ARS: the step size alpha. (--lr is PPO's optimiser.)"""
-    top_directions: int = 0
+    top_directions: int = bounded(0, NON_NEGATIVE)
     """ARS only: directions kept for the update (b); 0 keeps all of them."""
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, NON_NEGATIVE)
     """OpenAI-ES only: L2 coefficient on the mean parameters."""
-    episodes_per_member: int = 1
+    episodes_per_member: int = bounded(1, POSITIVE)
     """Episodes each member is evaluated on; its fitness is their mean return."""
-    horizon: int = 0
+    horizon: int = bounded(0, NON_NEGATIVE)
     """Anakin: environment steps per evaluation episode (0: the environment's own time limit)."""
-    generations_per_call: int = 10
+    generations_per_call: int = bounded(10, POSITIVE)
     """Anakin: generations fused into one jitted call; the host syncs (and logs) between calls."""
-    eval_episodes: int = 16
+    eval_episodes: int = bounded(16, POSITIVE)
     """Episodes the mean parameters are evaluated on after each call (Anakin) or in each generation (Sebulba): mean_params_return."""
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.population < 2 or self.population % 2:
-            raise ValueError(f"population must be even and >= 2 (antithetic pairs), "
-                             f"got {self.population}")
-        for name in ("sigma", "es_lr", "episodes_per_member", "generations_per_call",
-                     "eval_episodes"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.horizon < 0:
-            raise ValueError(f"horizon must be >= 0 (0: the environment's limit), got {self.horizon}")
+            raise ValueError(f"--variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        check_bounds(self)
+        if self.population % 2:
+            raise ValueError(f"--population must be even (antithetic pairs), got {self.population}")
         if self.variant == "openai" and self.top_directions:
-            raise ValueError("top_directions applies to the ARS variants only; "
-                             "drop it or choose variant ars_v1/ars_v2")
+            raise ValueError("--top-directions applies to the ARS variants only; "
+                             "drop it or choose --variant=ars_v1 or ars_v2")
         if self.variant != "openai" and self.weight_decay:
-            raise ValueError("weight_decay applies to variant openai only; drop it for ARS")
-        if not 0 <= self.top_directions <= self.population // 2:
-            raise ValueError(f"top_directions must be between 0 and population / 2 = "
+            raise ValueError("--weight-decay applies to --variant=openai only; drop it for ARS")
+        if self.top_directions > self.population // 2:
+            raise ValueError(f"--top-directions must be at most --population / 2 = "
                              f"{self.population // 2}, got {self.top_directions}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
     @property
     def normalize_observations(self) -> bool:

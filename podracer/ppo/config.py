@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from podracer.bounds import NON_NEGATIVE, POSITIVE, UNIT, bounded, check_bounds
+
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
@@ -12,21 +14,21 @@ class PPOConfig:
     Defaults are the classic-control settings of the common single-file JAX PPO.
     """
 
-    gamma: float = 0.99
+    gamma: float = bounded(0.99, UNIT)
     """Discount factor."""
-    gae_lambda: float = 0.95
+    gae_lambda: float = bounded(0.95, UNIT)
     """GAE's bias/variance trade-off (Schulman et al. 2016)."""
-    clip_eps: float = 0.2
+    clip_eps: float = bounded(0.2, POSITIVE)
     """Clipping range of the probability ratio."""
     clip_value: bool = True
     """Clip the value update to `clip_eps` around the behaviour value."""
-    ent_coef: float = 0.01
+    ent_coef: float = bounded(0.01, NON_NEGATIVE)
     """Weight of the entropy bonus."""
-    vf_coef: float = 0.5
+    vf_coef: float = bounded(0.5, NON_NEGATIVE)
     """Weight of the value loss."""
-    epochs: int = 4
+    epochs: int = bounded(4, POSITIVE)
     """Passes over each batch of experience."""
-    minibatches: int = 4
+    minibatches: int = bounded(4, POSITIVE)
     """Minibatches per epoch; the rollout length must divide by it."""
     normalize_advantages: bool = True
     """Standardise advantages per minibatch (statistics over every device)."""
@@ -36,6 +38,4 @@ class PPOConfig:
     """Unroll the epoch/minibatch loop: faster convolution gradients on XLA:CPU, longer compile."""
 
     def __post_init__(self):
-        for name in ("epochs", "minibatches"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+        check_bounds(self)

@@ -214,5 +214,5 @@ def _load_commands():
         if not (error.name or "").startswith(("google", "grpc", "proto")):
             raise
         raise PodracerError(f"the TPU provisioner needs {error.name}, which is missing; "
-                            "install it with: pip install 'podracer[tpu]'") from None
+                            "install it with: pip install \"podracer-rl[tpu]\" (or pip install -e \".[tpu]\" in a checkout)") from None
     return commands

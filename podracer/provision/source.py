@@ -1,14 +1,13 @@
 """Which podracer the workers install, and which launcher they run.
 
-The workers should run the code that started the slice. From a git checkout
-with a remote, that is the checked-out commit; otherwise it is the installed
-package version. The launcher file itself is not part of the package, so the
+The workers should run the code that started the slice: the checked-out commit
+of a git checkout with a remote they can fetch. Anything else needs
+`--install-spec`. The launcher file itself is not part of the package, so the
 startup script carries a copy of it.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 import subprocess
 from pathlib import Path
@@ -55,16 +54,9 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _package_version() -> str | None:
-    import podracer
-
-    version = getattr(podracer, "__version__", None)
-    if version:
-        return version
-    try:
-        return importlib.metadata.version("podracer")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+# The distribution's name (the import package is `podracer`; that name on PyPI is
+# another project's, so nothing here ever asks an index for it).
+DISTRIBUTION = "podracer-rl"
 
 
 def default_install_spec(root: Path = REPO_ROOT) -> tuple[str, list[str]]:
@@ -72,14 +64,12 @@ def default_install_spec(root: Path = REPO_ROOT) -> tuple[str, list[str]]:
     commit = _git(root, "rev-parse", "HEAD")
     remote = _git(root, "remote", "get-url", "origin")
     url = public_git_url(remote) if remote else None
-    if commit and url:
-        notes = [f"workers install commit {commit[:12]} from {url}; it must be pushed there"]
-        if _git(root, "status", "--porcelain", "--untracked-files=no"):
-            notes.append("your uncommitted changes are not on the workers; commit and push "
-                         "them, or pass --install-spec")
-        return f"podracer @ git+{url}@{commit}", notes
-    version = _package_version()
-    if version:
-        return f"podracer=={version}", []
-    return "podracer", ["podracer's version is unknown; workers install the latest release "
-                        "(pass --install-spec to choose)"]
+    if not (commit and url):
+        raise PodracerError(
+            "the workers cannot install this code: it is not a git checkout with an `origin` "
+            "remote they can fetch; run from one (its commit pushed), or pass --install-spec=REQ")
+    notes = [f"workers install commit {commit[:12]} from {url}; it must be pushed there"]
+    if _git(root, "status", "--porcelain", "--untracked-files=no"):
+        notes.append("your uncommitted changes are not on the workers; commit and push "
+                     "them, or pass --install-spec")
+    return f"{DISTRIBUTION} @ git+{url}@{commit}", notes

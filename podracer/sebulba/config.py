@@ -12,6 +12,7 @@ from typing import NamedTuple, Sequence
 
 import jax
 
+from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.ppo.config import PPOConfig
 
@@ -20,24 +21,27 @@ from podracer.ppo.config import PPOConfig
 class SebulbaConfig:
     """How Sebulba produces experience: actor threads on host environments, separate learners."""
 
-    num_envs: int = 24
+    num_envs: int = bounded(24, POSITIVE)
     """Environments over all actor threads, split evenly between them."""
-    rollout_len: int = 128
+    rollout_len: int = bounded(128, POSITIVE)
     """Transitions per environment in each trajectory an actor ships to the learner."""
     actor_devices: tuple[int, ...] = ()
     """Indices into jax.local_devices() that run the actors' policy (default: device 0)."""
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.local_devices() that run the update (default: the devices that do not act)."""
-    actor_threads: int = 1
+    actor_threads: int = bounded(1, POSITIVE)
     """Actor threads per actor device; each owns an envpool batch and a queue of one trajectory."""
-    env_threads: int = 1
+    env_threads: int = bounded(1, NON_NEGATIVE)
     """envpool worker threads per actor thread (0: envpool's own default)."""
     async_envs: bool = False
     """Step half of a thread's environments while the policy acts on the other half."""
     synchronous: bool = False
     """Actors wait for every update before acting again: policy lag 0, deterministic for a seed."""
-    log_every: int = 1
+    log_every: int = bounded(1, POSITIVE)
     """Updates between two rows of metrics.jsonl."""
+
+    def __post_init__(self):
+        check_bounds(self)
 
 
 class DeviceSplit(NamedTuple):
@@ -85,13 +89,8 @@ def share_per_thread(total: int, flag: str, config: SebulbaConfig, split: Device
                      num_processes: int, multiple_of: int = 1, why: str = "") -> int:
     """`total` (a global count) per actor thread, over the threads of every process.
 
-    Checks the thread settings first; every refusal is one line naming the flag.
+    A refusal is one line naming the flag.
     """
-    for name, value in (("--actor-threads", config.actor_threads), ("--log-every", config.log_every)):
-        if value <= 0:
-            raise PodracerError(f"{name} must be positive, got {value}")
-    if config.env_threads < 0:
-        raise PodracerError(f"--env-threads must be >= 0, got {config.env_threads}")
     threads = len(split.actor) * config.actor_threads * num_processes
     if total % threads:
         processes = f" x {num_processes} processes" if num_processes > 1 else ""
@@ -117,9 +116,6 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
 
     `num_envs` is global: the actor threads of every process share it evenly.
     """
-    for flag, value in (("--num-envs", config.num_envs), ("--rollout-len", config.rollout_len)):
-        if value <= 0:
-            raise PodracerError(f"{flag} must be positive, got {value}")
     per_thread = share_per_thread(config.num_envs, "--num-envs", config, split, num_processes)
     threads = len(split.actor) * config.actor_threads
     everywhere = threads * num_processes

@@ -46,6 +46,11 @@ def _make_spec(env_id: str):
 
     known = envpool.list_all_envs()
     if env_id not in known:
+        import gymnax
+
+        if env_id in gymnax.registered_envs:
+            raise PodracerError(f"{env_id} is a gymnax environment, written in JAX; use "
+                                f"--arch=anakin (--arch=sebulba runs envpool environments)")
         close = difflib.get_close_matches(env_id, known, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise PodracerError(f"unknown envpool environment {env_id!r}{hint}; "

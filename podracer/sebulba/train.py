@@ -27,10 +27,12 @@ import jax
 import numpy as np
 
 from podracer import parallel
-from podracer.checkpoint import CheckpointConfig, Checkpointer, check_resumable, stop_on_signals
-from podracer.config import LogConfig, NetworkConfig, OptimConfig, RunConfig, make_optimizer
-from podracer.errors import Interrupted, PodracerError
-from podracer.logger import RunLogger, prepare_run_dir
+from podracer.checkpoint import (CheckpointConfig, Checkpointer, check_resumable, config_record,
+                                 stop_on_signals)
+from podracer.config import (LogConfig, NetworkConfig, OptimConfig, RunConfig, make_optimizer,
+                             used_configs)
+from podracer.errors import Interrupted
+from podracer.logger import RunLogger
 from podracer.networks import init_params, make_network
 from podracer.profile import make_profiler
 from podracer.ppo import PPOConfig, init_train_state
@@ -41,6 +43,7 @@ from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.learner import Saving, make_learner_step, run_learner, trajectory_shapes
 from podracer.sebulba.metrics import IntervalLog
 from podracer.sebulba.params import ParamsStore
+from podracer.session.run_dir import prepare_run_dir
 from podracer.timing import Timings, as_metrics, format_breakdown
 from podracer.types import TrainState, Transition
 
@@ -71,8 +74,6 @@ def _column_shapes(spec, rollout_len: int) -> Transition:
 def build(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig, optim: OptimConfig,
           net: NetworkConfig, devices=None) -> Setup:
     """Check the configs against the devices, then build and compile the learner."""
-    if run.total_steps <= 0:
-        raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_layout(sebulba, ppo_config, split, jax.process_count())
@@ -110,8 +111,8 @@ def run_cpu_work_inline() -> None:
 
 
 def train_ppo_from_configs(configs: dict[str, Any]):
-    """The launcher's entry point: `train_ppo` on the config sections, CPU work inline."""
-    run_cpu_work_inline()
+    """The launcher's entry point: `train_ppo` on the config sections (the launcher has run
+    `run_cpu_work_inline` before JAX started)."""
     return train_ppo(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],
                      configs["network"], checkpoint=configs["checkpoint"],
                      log_config=configs["logging"])
@@ -143,7 +144,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     """
     wall_start = time.perf_counter()
     configs = {"run": run, "ppo": ppo_config, "sebulba": sebulba, "optimizer": optim, "network": net,
-               "checkpoint": checkpoint}
+               "checkpoint": checkpoint, "logging": log_config}
     resuming = check_resumable(run.run_dir, checkpoint, configs)
     setup = build(run, ppo_config, sebulba, optim, net, devices)
     layout, split = setup.layout, setup.split
@@ -161,6 +162,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     main_process = parallel.is_main_process()
     logger = RunLogger(run.run_dir, setup.num_updates * steps, enabled=main_process,
                        resume_steps=first_update * steps)
+    logger.compiled(setup.compile_s)
 
     profiler = make_profiler(log_config, run.run_dir)
     control, timings = Control(), profiler or Timings()
@@ -243,13 +245,14 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         **as_metrics(totals),
         "wall_s": time.perf_counter() - wall_start,
         **profiled,
+        "config": config_record(used_configs(configs)),
     })
     if logger.enabled and not profiler:  # a profile prints its own, fuller table
         logger.stream.write(format_breakdown(totals, train_s))
         logger.stream.flush()
     if stopped:
         signum = signalled.signal or signal.SIGTERM  # another process may have received it
-        saved = ("checkpoint saved, run the same command to resume" if log.updates
+        saved = (f"checkpoint saved; resume with --run-dir={run.run_dir}" if log.updates
                  else "nothing to save yet")
         raise Interrupted(signum, f"stopped by signal {signum} after {log.updates} updates "
                                   f"({env_steps:,} env steps); {saved}")

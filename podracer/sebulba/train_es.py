@@ -32,11 +32,11 @@ from jax.flatten_util import ravel_pytree
 
 from podracer import es, parallel
 from podracer.anakin.train_es import es_row
-from podracer.checkpoint import Checkpointer, check_resumable, stop_on_signals
-from podracer.config import LogConfig
-from podracer.errors import Interrupted, PodracerError
+from podracer.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
+from podracer.config import LogConfig, used_configs
+from podracer.errors import Interrupted
 from podracer.es.config import make_strategy
-from podracer.logger import RunLogger, prepare_run_dir
+from podracer.logger import RunLogger
 from podracer.networks import make_policy_network
 from podracer.profile import make_profiler
 from podracer.sebulba.config import DeviceSplit, split_devices
@@ -47,7 +47,8 @@ from podracer.sebulba.es import (ESLayout, generation_key, global_thread, make_e
 from podracer.sebulba.es_actor import Evaluation, SearchPolicy, run_es_actor
 from podracer.sebulba.learner import take_one_each
 from podracer.sebulba.params import ParamsStore
-from podracer.sebulba.train import env_seed, run_cpu_work_inline
+from podracer.session.run_dir import prepare_run_dir
+from podracer.sebulba.train import env_seed
 from podracer.timing import Timings, as_metrics, format_breakdown
 
 
@@ -71,8 +72,6 @@ class ESSetup(NamedTuple):
 def build(configs: dict[str, Any], devices=None) -> ESSetup:
     """Check the configs against the devices, build the pure pieces, compile them on their devices."""
     run, es_config, sebulba, net = configs["run"], configs["es"], configs["sebulba"], configs["network"]
-    if run.total_steps <= 0:
-        raise PodracerError(f"--total-steps must be positive, got {run.total_steps}")
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_es_layout(es_config, sebulba, split, jax.process_count())
@@ -262,12 +261,6 @@ def run_es_learner(setup: ESSetup, sources: Sequence[queue.Queue], store: Params
     return state, obs_stats
 
 
-def train_es_from_configs(configs: dict[str, Any]):
-    """The launcher's entry point: `train_es` with CPU work inline (see `run_cpu_work_inline`)."""
-    run_cpu_work_inline()
-    return train_es(configs)
-
-
 def train_es(configs: dict[str, Any], devices=None):
     """Train a policy with evolution strategies on Sebulba; returns (summary, (state, obs_stats)).
 
@@ -298,6 +291,7 @@ def train_es(configs: dict[str, Any], devices=None):
         start = Progress(*(int(meta[name]) for name in Progress._fields))
     logger = RunLogger(run.run_dir, run.total_steps, enabled=parallel.is_main_process(),
                        resume_steps=start.env_steps)
+    logger.compiled(setup.compile_s)
 
     profiler = make_profiler(configs.get("logging", LogConfig()), run.run_dir)
     control, timings = Control(), profiler or Timings()
@@ -382,13 +376,14 @@ def train_es(configs: dict[str, Any], devices=None):
         **as_metrics(totals),
         "wall_s": time.perf_counter() - wall_start,
         **profiled,
+        "config": config_record(used_configs(configs)),
     })
     if logger.enabled and not profiler:  # a profile prints its own, fuller table
         logger.stream.write(format_breakdown(totals, train_s))
         logger.stream.flush()
     if log.env_steps < run.total_steps:
         signum = signalled.signal or signal.SIGTERM  # another process may have received it
-        saved = ("checkpoint saved, run the same command to resume"
+        saved = (f"checkpoint saved; resume with --run-dir={run.run_dir}"
                  if checkpointer and log.generations else "nothing saved")
         raise Interrupted(signum, f"stopped by signal {signum} after {log.generations} generations "
                                   f"({log.env_steps:,} env steps); {saved}")

@@ -1,0 +1,115 @@
+"""Run directories: a new one per run, `runs/latest` at the newest, resume and finished.
+
+Without `--run-dir` a run gets a new directory named for what it is and when
+(`runs/anakin-ppo-CartPole-v1-20261123-142501`), and `runs/latest` links to the
+newest. A directory that holds a checkpoint resumes from it; one whose latest
+checkpoint already covers `--total-steps` is finished and is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import NamedTuple
+
+from podracer.errors import PodracerError
+
+RUNS_ROOT = "runs"
+LATEST = "latest"
+
+
+def new_run_name(arch: str, algo: str, env: str, when: float, root: str = RUNS_ROOT) -> str:
+    """`root/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS`, with `-2`, `-3`, ... if that exists already."""
+    env_part = re.sub(r"[^A-Za-z0-9._-]+", "_", env)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    base = os.path.join(root, f"{arch}-{algo}-{env_part}-{stamp}")
+    path, suffix = base, 1
+    while os.path.lexists(path):
+        suffix += 1
+        path = f"{base}-{suffix}"
+    return path
+
+
+def link_latest(run_dir: str) -> str | None:
+    """Point `runs/latest` (beside `run_dir`) at it; returns the previous target, if any.
+
+    A real directory named `latest` (an older run's) is never replaced.
+    """
+    parent, name = os.path.split(os.path.normpath(run_dir))
+    latest = os.path.join(parent, LATEST)
+    if os.path.exists(latest) and not os.path.islink(latest):
+        return None
+    previous = os.readlink(latest) if os.path.islink(latest) else None
+    tmp = f"{latest}.{os.getpid()}.tmp"
+    try:
+        os.symlink(name, tmp)
+        os.replace(tmp, latest)  # atomic: a reader sees the old link or the new one
+    except OSError:  # a filesystem without symbolic links: the runs are still there
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+    return previous
+
+
+def unlink_new_run(run_dir: str, previous_latest: str | None) -> None:
+    """Remove a new run directory that nothing was written to, and restore `runs/latest`.
+
+    Called when a new run fails before it wrote anything (a setting refused
+    while building), so a mistake leaves no empty directory behind.
+    """
+    if os.path.isdir(run_dir) and not os.listdir(run_dir):
+        os.rmdir(run_dir)
+    latest = os.path.join(os.path.dirname(os.path.normpath(run_dir)), LATEST)
+    if os.path.islink(latest) and os.readlink(latest) == os.path.basename(os.path.normpath(run_dir)):
+        os.remove(latest)
+        if previous_latest:
+            os.symlink(previous_latest, latest)
+
+
+def prepare_run_dir(run_dir: str) -> str:
+    """Create `run_dir` (and parents) or explain why it cannot be written."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise PodracerError(f"cannot write to --run-dir={run_dir} ({err.strerror}); "
+                            f"pass a directory you can write to") from None
+    return run_dir
+
+
+class RunDirState(NamedTuple):
+    """What a run directory holds for a run asked to reach `total_steps`."""
+
+    checkpoint_steps: int | None  # env steps of its latest checkpoint; None: no checkpoint
+    total_steps: int
+
+    @property
+    def resumes(self) -> bool:
+        return self.checkpoint_steps is not None and not self.finished
+
+    @property
+    def finished(self) -> bool:
+        return self.checkpoint_steps is not None and self.checkpoint_steps >= self.total_steps
+
+
+def latest_checkpoint_steps(run_dir: str) -> int | None:
+    """Env steps of the newest complete checkpoint (orbax names each by its step)."""
+    from podracer.checkpoint import checkpoint_dir
+
+    path = checkpoint_dir(run_dir)
+    if not os.path.isdir(path):
+        return None
+    steps = [int(name) for name in os.listdir(path) if name.isdigit()]
+    return max(steps) if steps else None
+
+
+def finished_message(run_dir: str, state: RunDirState) -> str:
+    outputs = [name for name in ("summary.json", "metrics.jsonl", "tensorboard", "checkpoints")
+               if os.path.exists(os.path.join(run_dir, name))]
+    return (f"{run_dir} is a finished run ({state.checkpoint_steps:,} env steps of "
+            f"--total-steps={state.total_steps:,}); nothing to do. Its results: "
+            f"{', '.join(os.path.join(run_dir, name) for name in outputs)}. "
+            f"Pass a larger --total-steps to train it further, or leave out --run-dir for a new run.")
