@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import jax
 
+from podracer.config import used_configs
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.session import signals
@@ -109,7 +110,8 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         self._ocp = ocp
-        self.configs = config_record(configs)
+        # What the (arch, algo) pair reads: a setting it ignores never blocks a resume.
+        self.configs = config_record(used_configs(configs) if "run" in configs else configs)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True, create=create)
         self.manager = ocp.CheckpointManager(checkpoint_dir(run_dir), options=options,

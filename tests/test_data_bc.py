@@ -102,8 +102,8 @@ def test_cli_rejects_bad_dataset_flags_in_one_line(tmp_path, capsys):
     (used / "file").write_text("keep me")
     cases = {
         f"--record-dataset={used}": "not empty",
-        "--record-episodes=0": "--record-episodes must be positive",
-        "--bc-steps=-1": "--bc-steps must be positive",
+        "--record-episodes=0": "--record-episodes must be > 0",
+        "--bc-steps=-1": "--bc-steps must be > 0",
         f"--init-from-dataset={tmp_path / 'nowhere'}": "does not exist",
     }
     for flag, fragment in cases.items():

@@ -277,7 +277,7 @@ def test_actor_failure_stops_every_thread(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
-    (["--horizon=100"], "--horizon applies to --arch=anakin"),
+    (["--horizon=100"], "--horizon does not apply to --arch=sebulba --algo=es"),
     (["--env=CartPol-v1"], "unknown envpool environment"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):

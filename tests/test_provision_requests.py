@@ -187,7 +187,7 @@ def test_without_the_tpu_extra_the_error_says_how_to_install_it(monkeypatch, cap
     assert main(["list", "--zone=us-central2-b", "--project=p"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "needs google.cloud.tpu_v2" in err and "pip install 'podracer[tpu]'" in err
+    assert "needs google.cloud.tpu_v2" in err and 'pip install "podracer-rl[tpu]"' in err
 
 
 def _git(repo, *args):
