@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 import peer_purejaxrl
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, make_anakin
 from podracer.config import OptimConfig, make_optimizer

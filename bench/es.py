@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     except ImportError:
         sys.exit("bench/es.py compares against evosax: pip install -e \".[bench]\" (or evosax)")
 
-    from podracer import parallel
+    from podracer.protocol import parallel
     from podracer.anakin.env import make_env
     from podracer.anakin.es import (make_anakin_es, make_episode_fn, make_es_layout,
                                      make_fitness_fn)

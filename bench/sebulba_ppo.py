@@ -37,7 +37,7 @@ RUN_STEPS = {"CartPole-v1": 2_000_000, "Pong-v5": 24 * 128 * 6}
 
 
 def configs_for(env_id: str, total_steps: int | None, overrides: list[str]) -> dict:
-    from podracer.cli import parse_configs
+    from podracer.orchestrate.cli import parse_configs
 
     steps = total_steps or RUN_STEPS.get(env_id, 200_000)
     return parse_configs(["--arch=sebulba", "--algo=ppo", f"--env={env_id}", f"--total-steps={steps}",
@@ -96,7 +96,7 @@ def learner_ceiling(configs: dict, seconds: float) -> float:
     import jax
     import numpy as np
 
-    from podracer import parallel
+    from podracer.protocol import parallel
     from podracer.sebulba.train import _column_shapes, build
 
     setup = build(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],

@@ -11,7 +11,7 @@ __all__ = ["__version__", "load_policy", "train"]
 
 def train(**flags) -> dict:
     """Train with the launcher's flags as keywords (see `python launch/tpu.py --help`)."""
-    from podracer.cli import train as _train
+    from podracer.orchestrate.cli import train as _train
 
     return _train(**flags)
 

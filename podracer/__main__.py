@@ -2,6 +2,6 @@
 
 import sys
 
-from podracer.cli import main
+from podracer.orchestrate.cli import main
 
 sys.exit(main())

@@ -12,7 +12,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from podracer import parallel
+from podracer.protocol import parallel
 
 
 class RunningStats(NamedTuple):

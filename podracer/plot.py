@@ -171,7 +171,7 @@ def figure(run_dirs: list[str]):
     if profiles:
         run_dir, profile = profiles[0]
         rows = profile["operations"][::-1]  # barh draws bottom-up: keep the table's order
-        # A row's share is of its own thread's time (`podracer.profile`): label each with it.
+        # A row's share is of its own thread's time (`podracer.session.profile`): label each with it.
         names = [f"{row['thread']}: {row['operation']}" if "thread" in row else row["operation"]
                  for row in rows]
         axes[2].barh(names, [100 * row["share"] for row in rows])

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from podracer.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
+from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                  restore_on_host)
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from conftest import LAUNCHER, PYTHON
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, _pack_rows, make_anakin
 from podracer.networks import make_network

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import numpy as np
-from podracer.checkpoint import restore_on_host
+from podracer.session.checkpoint import restore_on_host
 import pytest
 
 from conftest import LAUNCHER, PYTHON
@@ -169,7 +169,7 @@ def test_corrupt_checkpoint_is_one_line_and_left_alone(tmp_path):
 
 def test_a_signal_delivered_twice_is_one_request():
     """A terminal's Ctrl-C reaches the spawner and its processes, and the spawner forwards it too."""
-    from podracer.checkpoint import REPEAT_WINDOW_S, stop_on_signals
+    from podracer.session.checkpoint import REPEAT_WINDOW_S, stop_on_signals
 
     with stop_on_signals() as stop:
         os.kill(os.getpid(), signal.SIGINT)

@@ -10,7 +10,7 @@ import pytest
 from podracer import bc, data
 from podracer.anakin.env import make_env
 from podracer.anakin.train import train_ppo
-from podracer.cli import main, parse_configs
+from podracer.orchestrate.cli import main, parse_configs
 from podracer.distributions import Categorical
 from podracer.networks import make_network
 from podracer.types import TrainState

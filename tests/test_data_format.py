@@ -293,7 +293,7 @@ def test_without_the_data_extra_training_works_and_datasets_say_how_to_install(t
     # tensorflow-datasets made unimportable: the CLI still imports, a dataset flag is one line.
     code = (
         "import sys; sys.modules['tensorflow_datasets'] = None\n"
-        "from podracer.cli import main\n"
+        "from podracer.orchestrate.cli import main\n"
         "import podracer.anakin.train, podracer.data\n"
         f"sys.exit(main(['--record-dataset={tmp_path / 'ds'}', '--run-dir={tmp_path / 'run'}']))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

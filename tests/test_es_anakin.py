@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON
-from podracer import es, parallel
+from podracer import es
+from podracer.protocol import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_episode_fn
 from podracer.errors import PodracerError

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON, REPO_ROOT
-from podracer import es, parallel
-from podracer.cli import main
+from podracer import es
+from podracer.protocol import parallel
+from podracer.orchestrate.cli import main
 from podracer.config import NetworkConfig, RunConfig
 from podracer.es.config import ESConfig, make_strategy
 from podracer.sebulba.config import SebulbaConfig, split_devices
@@ -25,7 +26,7 @@ from podracer.sebulba.es import (make_es_layout, make_es_learner_step, make_slot
                                  member_fitness, thread_members)
 from podracer.sebulba.es_actor import EpisodeTally, play_generation
 from podracer.sebulba import train_es as sebulba_train_es
-from podracer.timing import Timings
+from podracer.session.timing import Timings
 
 SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
 

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from podracer import es
 from podracer.errors import PodracerError
-from podracer.parallel import DATA_AXIS, make_mesh, replicated
+from podracer.protocol.parallel import DATA_AXIS, make_mesh, replicated
 
 KEY = jax.random.key(42)
 POPULATION = 16

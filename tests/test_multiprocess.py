@@ -8,11 +8,11 @@ import sys
 import time
 
 import numpy as np
-from podracer.checkpoint import restore_on_host
+from podracer.session.checkpoint import restore_on_host
 import pytest
 
 from conftest import LAUNCHER, PYTHON
-from podracer.orchestrate import free_port
+from podracer.orchestrate.distributed import free_port
 
 # 4 calls of 2 updates of 8 environments x 16 steps; a checkpoint after every call.
 SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=1024",
@@ -101,7 +101,7 @@ def test_sebulba_learner_spans_both_processes(tmp_path):
 
     import jax
 
-    from podracer.cli import parse_configs
+    from podracer.orchestrate.cli import parse_configs
     from podracer.sebulba import train_ppo
 
     two = tmp_path / "two"
@@ -143,7 +143,7 @@ def test_sebulba_es_population_spans_both_processes_and_matches_one_process(tmp_
 
     import jax
 
-    from podracer.cli import parse_configs
+    from podracer.orchestrate.cli import parse_configs
     from podracer.sebulba.train_es import train_es
 
     two = tmp_path / "two"
@@ -191,7 +191,7 @@ def test_es_population_spans_both_processes_and_matches_one_process(tmp_path):
     import jax
 
     from podracer.anakin.train_es import train_es
-    from podracer.cli import parse_configs
+    from podracer.orchestrate.cli import parse_configs
 
     _, runner = train_es(parse_configs([*ES, f"--run-dir={one}"]), devices=jax.devices()[:4])
     a = _final(two)["strategy"]["mean"]

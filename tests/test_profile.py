@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON
-from podracer import profile
-from podracer.profile import OTHER, Profiler, format_profile
-from podracer.trace import device_planes_busy
+from podracer.session import profile
+from podracer.session.profile import OTHER, Profiler, format_profile
+from podracer.session.trace import device_planes_busy
 
 TICK = 1e-6
 
@@ -247,7 +247,7 @@ def test_plot_of_a_profiled_run_is_a_png(sebulba_run, tmp_path):
 
 
 def _configs(tmp_path, name, *flags):
-    from podracer.cli import parse_configs
+    from podracer.orchestrate.cli import parse_configs
 
     return parse_configs([f"--run-dir={tmp_path / name}", "--checkpoint-every=0", *flags])
 

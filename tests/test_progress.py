@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from podracer import logger as logger_module
-from podracer.logger import RunLogger, format_duration, progress_line
+from podracer.session import logger as logger_module
+from podracer.session.logger import RunLogger, format_duration, progress_line
 
 
 class Clock:

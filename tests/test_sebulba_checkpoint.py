@@ -153,7 +153,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert "\n" not in line and "non-finite" in line and "update 2 " in line, line
     assert "env step 128" in line  # the last good checkpoint, named
     assert _steps(run_dir) == [128]  # the checkpoint after update 1, nothing after
-    from podracer.checkpoint import restore_on_host
+    from podracer.session.checkpoint import restore_on_host
 
     import jax
     import numpy as np

@@ -7,7 +7,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.networks import init_params, make_network
 from podracer.ppo import PPOConfig, Transition, init_train_state, make_update
 from podracer.sebulba.learner import make_learner_step

@@ -65,7 +65,7 @@ def test_signal_stops_a_training_run(sig, status, message, tmp_path):
 FAULT_SCRIPT = textwrap.dedent("""
     import sys, time
     from podracer.sebulba import train
-    from podracer.cli import main
+    from podracer.orchestrate.cli import main
 
     where = sys.argv[1]
     if where == "actor":

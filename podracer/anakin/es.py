@@ -22,7 +22,8 @@ import flax.linen as nn
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer import es, parallel
+from podracer import es
+from podracer.protocol import parallel
 from podracer.anakin.env import GymnaxEnv
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig, make_strategy

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
 from podracer.distributions import sampling_noise

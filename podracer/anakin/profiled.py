@@ -16,7 +16,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.anakin.es import ESPhases, ESRunner
 
 NOTE = ("Anakin profile mode splits the one jitted program into separately compiled phases "

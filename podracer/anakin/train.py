@@ -10,19 +10,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
-from podracer.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
+from podracer.session.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
 from podracer.config import LogConfig, make_optimizer, used_configs
 from podracer.data.config import DataConfig
 from podracer.data.train_hooks import check_data_config, record_trained_policy, warm_start
 from podracer.errors import Interrupted, PodracerError
-from podracer.logger import RunLogger, start_wandb
+from podracer.session.logger import RunLogger, start_wandb
 from podracer.networks import make_network
 from podracer.session.run_dir import prepare_run_dir
-from podracer.profile import make_profiler, no_measure
+from podracer.session.profile import make_profiler, no_measure
 
 
 def _interval_metrics(metrics) -> dict:
@@ -63,7 +63,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False):
 def train_ppo(configs: dict[str, Any], devices=None):
     """Train PPO with Anakin on `devices` (default: all); returns (summary, final runner).
 
-    `configs` maps section names to config dataclasses, as `podracer.cli.parse_configs`
+    `configs` maps section names to config dataclasses, as `podracer.orchestrate.cli.parse_configs`
     returns them. A run directory with a checkpoint resumes from it. The `data`
     section can clone the initial policy from a dataset (not when resuming) and
     record the trained policy into a new one (`podracer.data.train_hooks`).

@@ -10,17 +10,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
-from podracer.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
+from podracer.session.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
 from podracer.config import LogConfig, used_configs
 from podracer.errors import Interrupted
-from podracer.logger import RunLogger, start_wandb
+from podracer.session.logger import RunLogger, start_wandb
 from podracer.networks import make_policy_network
 from podracer.session.run_dir import prepare_run_dir
-from podracer.profile import make_profiler, no_measure
+from podracer.session.profile import make_profiler, no_measure
 
 
 def es_row(metrics) -> dict:
@@ -53,7 +53,7 @@ def train_es(configs: dict[str, Any], devices=None):
     """Train a policy with evolution strategies on Anakin; returns (summary, final runner).
 
     `configs` maps section names to config dataclasses (`run`, `es`, `network`,
-    `checkpoint`, `logging`), as `podracer.cli.parse_configs` returns them. A run
+    `checkpoint`, `logging`), as `podracer.orchestrate.cli.parse_configs` returns them. A run
     directory with a checkpoint resumes from it.
 
     `env_steps` counts the steps the population simulates (`population *

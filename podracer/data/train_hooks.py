@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import podracer
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
 from podracer.data.episodes import demonstrations, unpad_episodes

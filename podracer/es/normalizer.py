@@ -18,7 +18,7 @@ from typing import NamedTuple, Sequence
 import chex
 import jax.numpy as jnp
 
-from podracer.parallel import psum
+from podracer.protocol.parallel import psum
 
 # Mania et al.: a diagonal entry of Sigma below 1e-8 is replaced by +inf, so a
 # (so far) constant observation coordinate is normalised to zero.

@@ -24,8 +24,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 from podracer.es.normalizer import RunningStats, merge_stats, psum_stats, reduce_stats
 from podracer.es.strategy import Strategy
 from podracer.errors import PodracerError
-from podracer import parallel
-from podracer.parallel import DATA_AXIS, axis_offset, replicated, split_evenly
+from podracer.protocol import parallel
+from podracer.protocol.parallel import DATA_AXIS, axis_offset, replicated, split_evenly
 
 FitnessFn = Callable[[chex.Array, chex.PRNGKey], chex.Array]
 NormalizedFitnessFn = Callable[

@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.ppo.config import PPOConfig
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.normalize import RunningStats, init_stats, normalize, update_stats
 from podracer.ppo.config import PPOConfig
 from podracer.ppo.gae import gae_advantages

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.ppo import PPOConfig, make_act
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs
 from podracer.sebulba.params import ParamsStore
 from podracer.sebulba.trajectory import TrajectoryBuilder
-from podracer.timing import Timings
+from podracer.session.timing import Timings
 from podracer.types import Transition
 
 

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from podracer import es, parallel
+from podracer import es
+from podracer.protocol import parallel
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig
 from podracer.sebulba.config import DeviceSplit, SebulbaConfig, share_per_thread

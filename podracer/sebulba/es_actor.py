@@ -21,7 +21,7 @@ from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, EnvStep
 from podracer.sebulba.es import ESLayout, generation_key, member_fitness, thread_members
 from podracer.sebulba.params import ParamsStore
-from podracer.timing import Timings
+from podracer.session.timing import Timings
 
 
 class SearchPolicy(NamedTuple):

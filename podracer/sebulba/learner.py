@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.errors import PodracerError
 from podracer.ppo import PPOConfig, make_update
 from podracer.sebulba.actor import Trajectory
 from podracer.sebulba.control import Control
 from podracer.sebulba.params import ParamsStore
-from podracer.timing import Timings
+from podracer.session.timing import Timings
 from podracer.types import TrainState, Transition
 
 

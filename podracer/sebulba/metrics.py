@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from podracer.logger import RunLogger
+from podracer.session.logger import RunLogger
 from podracer.sebulba.actor import Trajectory
-from podracer.timing import Timings, as_metrics
+from podracer.session.timing import Timings, as_metrics
 
 
 class IntervalLog:

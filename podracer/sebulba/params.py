@@ -7,7 +7,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 
-from podracer import parallel
+from podracer.protocol import parallel
 from podracer.types import TrainState
 
 

@@ -26,15 +26,15 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from podracer import parallel
-from podracer.checkpoint import (CheckpointConfig, Checkpointer, check_resumable, config_record,
+from podracer.protocol import parallel
+from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, check_resumable, config_record,
                                  stop_on_signals)
 from podracer.config import (LogConfig, NetworkConfig, OptimConfig, RunConfig, make_optimizer,
                              used_configs)
 from podracer.errors import Interrupted
-from podracer.logger import RunLogger
+from podracer.session.logger import RunLogger
 from podracer.networks import init_params, make_network
-from podracer.profile import make_profiler
+from podracer.session.profile import make_profiler
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.sebulba.actor import ActorSettings, make_policy_step, run_actor
 from podracer.sebulba.config import DeviceSplit, Layout, SebulbaConfig, make_layout, split_devices
@@ -44,7 +44,7 @@ from podracer.sebulba.learner import Saving, make_learner_step, run_learner, tra
 from podracer.sebulba.metrics import IntervalLog
 from podracer.sebulba.params import ParamsStore
 from podracer.session.run_dir import prepare_run_dir
-from podracer.timing import Timings, as_metrics, format_breakdown
+from podracer.session.timing import Timings, as_metrics, format_breakdown
 from podracer.types import TrainState, Transition
 
 
@@ -140,7 +140,7 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
     SIGINT/SIGTERM make the learner save and stop every thread, then raise
     `Interrupted` (after writing the summary); a failure in any thread stops
     every thread and is re-raised. With `log_config.profile` the summary gets a
-    per-thread time breakdown (`podracer.profile`).
+    per-thread time breakdown (`podracer.session.profile`).
     """
     wall_start = time.perf_counter()
     configs = {"run": run, "ppo": ppo_config, "sebulba": sebulba, "optimizer": optim, "network": net,

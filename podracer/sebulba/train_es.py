@@ -12,7 +12,7 @@ observation statistics) from every process, the only data that crosses
 processes, and run one `tell` over the learner devices of all of them.
 
 The learner saves the strategy state, the observation statistics and the
-counters (`podracer.checkpoint`) every `--checkpoint-every` env steps, at the
+counters (`podracer.session.checkpoint`) every `--checkpoint-every` env steps, at the
 end and on a signal; a run directory with a checkpoint resumes from it.
 """
 
@@ -30,15 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from podracer import es, parallel
+from podracer import es
+from podracer.protocol import parallel
 from podracer.anakin.train_es import es_row
-from podracer.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
+from podracer.session.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
 from podracer.config import LogConfig, used_configs
 from podracer.errors import Interrupted
 from podracer.es.config import make_strategy
-from podracer.logger import RunLogger
+from podracer.session.logger import RunLogger
 from podracer.networks import make_policy_network
-from podracer.profile import make_profiler
+from podracer.session.profile import make_profiler
 from podracer.sebulba.config import DeviceSplit, split_devices
 from podracer.sebulba.control import Control, wait_for_threads
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
@@ -49,7 +50,7 @@ from podracer.sebulba.learner import take_one_each
 from podracer.sebulba.params import ParamsStore
 from podracer.session.run_dir import prepare_run_dir
 from podracer.sebulba.train import env_seed
-from podracer.timing import Timings, as_metrics, format_breakdown
+from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
 class ESSetup(NamedTuple):
@@ -266,7 +267,7 @@ def train_es(configs: dict[str, Any], devices=None):
 
     `configs` maps section names to config dataclasses (`run`, `es`, `sebulba`,
     `network`, and optionally `checkpoint`, `logging`), as
-    `podracer.cli.parse_configs` returns them. The run ends after the
+    `podracer.orchestrate.cli.parse_configs` returns them. The run ends after the
     generation in which the members' episodes reach `total_steps` agent steps
     (`env_steps`; the mean parameters' evaluation episodes and the ignored
     steps of slots waiting for the others are counted apart). With a

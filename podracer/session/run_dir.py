@@ -97,7 +97,7 @@ class RunDirState(NamedTuple):
 
 def latest_checkpoint_steps(run_dir: str) -> int | None:
     """Env steps of the newest complete checkpoint (orbax names each by its step)."""
-    from podracer.checkpoint import checkpoint_dir
+    from podracer.session.checkpoint import checkpoint_dir
 
     path = checkpoint_dir(run_dir)
     if not os.path.isdir(path):

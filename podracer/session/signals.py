@@ -6,7 +6,7 @@ signal handler cannot run until it returns. So the C-level handler's wake-up
 byte (`signal.set_wakeup_fd`) is read by a small thread, which ends the
 process at once, without unwinding through native code (a KeyboardInterrupt
 raised there once ended in a segmentation fault). Once training starts,
-`podracer.checkpoint.stop_on_signals` takes over: the loop saves, then stops.
+`podracer.session.checkpoint.stop_on_signals` takes over: the loop saves, then stops.
 A signal after training (while the summary is written) is remembered and the
 run exits with its status once its results are written.
 """

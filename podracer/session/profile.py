@@ -42,8 +42,8 @@ from typing import Any, Iterator, NamedTuple
 
 import jax
 
-from podracer.timing import Timings
-from podracer.trace import device_busy_share, newest_trace
+from podracer.session.timing import Timings
+from podracer.session.trace import device_busy_share, newest_trace
 
 # The clock every measurement reads; a module attribute so that tests can drive it.
 clock = time.perf_counter

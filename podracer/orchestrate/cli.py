@@ -26,11 +26,11 @@ from typing import Any, NamedTuple, Sequence
 from podracer import config as run_config
 from podracer.anakin.loop import AnakinConfig
 from podracer.bounds import bound_of
-from podracer.checkpoint import CheckpointConfig, check_resumable, config_record
+from podracer.session.checkpoint import CheckpointConfig, check_resumable, config_record
 from podracer.data.config import DataConfig
 from podracer.errors import Interrupted, PodracerError
 from podracer.es.config import VARIANTS, ESConfig
-from podracer.orchestrate import DistConfig
+from podracer.orchestrate.distributed import DistConfig
 from podracer.presets import preset_for
 from podracer.ppo.config import PPOConfig
 from podracer.sebulba.config import SebulbaConfig
@@ -291,7 +291,7 @@ def run(argv: Sequence[str], parsed: Parsed | None = None) -> dict:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     trainer = _trainer(run_cfg.arch, run_cfg.algo)
     _process_wide_jax_settings(run_cfg)
-    from podracer import orchestrate
+    from podracer.orchestrate import distributed as orchestrate
 
     orchestrate.initialize(configs["distributed"])
     configs = {**configs, "run": _agreed_run_dir(run_cfg, "run_dir" not in parsed.given)}
@@ -463,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         distributed = parsed.configs["distributed"]
         if distributed.spawns:
-            from podracer import orchestrate
+            from podracer.orchestrate import distributed as orchestrate
 
             # Every process writes to the same run directory: name it once, here.
             named = [a for a in argv if not (a == "--print-config")]

@@ -234,7 +234,7 @@ class RunLogger:
                 f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()
                 if key not in ("profile", "config")))
             if summary.get("profile"):
-                from podracer.profile import format_profile
+                from podracer.session.profile import format_profile
 
                 self.stream.write(format_profile(summary["profile"]))
             self.stream.flush()
