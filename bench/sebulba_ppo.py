@@ -99,8 +99,7 @@ def learner_ceiling(configs: dict, seconds: float) -> float:
     from podracer.protocol import parallel
     from podracer.sebulba.train import _column_shapes, build
 
-    setup = build(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],
-                  configs["network"])
+    setup = build(configs)
     rng = np.random.default_rng(0)
     column = _column_shapes(setup.spec, configs["sebulba"].rollout_len)
     envs, spec = setup.layout.envs_per_thread, setup.spec
@@ -142,8 +141,7 @@ def sebulba_run(configs: dict) -> dict:
 
     with tempfile.TemporaryDirectory() as run_dir:
         run = dataclasses.replace(configs["run"], run_dir=run_dir)
-        summary, _ = train_ppo(run, configs["ppo"], configs["sebulba"], configs["optimizer"],
-                               configs["network"])
+        summary, _ = train_ppo({**configs, "run": run})
         rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     first, last = rows[len(rows) // 4], rows[-1]
     if last["wall_s"] > first["wall_s"]:
@@ -167,14 +165,14 @@ def main():
     parser.add_argument("flags", nargs=argparse.REMAINDER,
                         help="after --, flags for launch/tpu.py (e.g. -- --num-envs=64)")
     args = parser.parse_args()
-    import jax
 
-    if args.cpu_devices:
-        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
-    if not args.async_dispatch:
-        from podracer.sebulba.train import run_cpu_work_inline
+    from podracer.config import RunConfig
+    from podracer.orchestrate.cli import process_wide_jax_settings
 
-        run_cpu_work_inline()
+    if args.async_dispatch:  # keep XLA's asynchronous CPU dispatch: only the device count
+        process_wide_jax_settings(RunConfig(cpu_devices=args.cpu_devices))
+    else:
+        process_wide_jax_settings(RunConfig(arch="sebulba", cpu_devices=args.cpu_devices))
     overrides = [flag for flag in args.flags if flag != "--"]
     results = []
     for env_id in args.envs:

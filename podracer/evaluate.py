@@ -67,7 +67,7 @@ def envpool_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) ->
 
 def main(argv) -> int:
     """`eval --run-dir=DIR --episodes=N`: print the mean return as a line and JSON."""
-    from podracer.orchestrate.cli import parse_section
+    from podracer.orchestrate.flags import parse_section
     from podracer.policy import EvalConfig, load_policy, run_config_of
 
     config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")

@@ -212,7 +212,8 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
         key, generations_key, eval_key = jax.random.split(runner.key, 3)
         state, obs_stats, metrics = generations(runner.strategy, runner.obs_stats,
                                                 generations_key)
-        metrics = dict(metrics, mean_params_return=parts.evaluate_mean(state.mean, obs_stats, eval_key))
+        metrics = dict(metrics, mean_params_return=parts.evaluate_mean(state.mean, obs_stats, eval_key),
+                       params_finite=jnp.all(jnp.isfinite(state.mean)))  # the NaN guard's
         return ESRunner(state, obs_stats, key), metrics
 
     everywhere = parallel.replicated(mesh)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from podracer.protocol import parallel
@@ -83,7 +84,8 @@ def make_profiled_es_step(phases: ESPhases, measure: Measure) -> Callable:
         with measure("evaluate_mean"):
             mean_return = jax.block_until_ready(phases.evaluate_mean(state.mean, obs_stats, eval_key))
         with measure("metrics_to_host"):
-            metrics = dict(stack_metrics(rows), mean_params_return=parallel.to_host(mean_return))
+            metrics = dict(stack_metrics(rows), mean_params_return=parallel.to_host(mean_return),
+                           params_finite=parallel.to_host(jnp.all(jnp.isfinite(state.mean))))
         return ESRunner(state, obs_stats, key), metrics
 
     return step

@@ -1,40 +1,37 @@
-"""Host driver for Anakin ES: build, restore, compile, call, log, checkpoint."""
+"""Anakin ES: what is its own (the population's jitted generations, its log row and summary keys).
+
+The host sequence is the run session's (`podracer.session.session`), the call
+loop Anakin's (`podracer.anakin.calls`).
+"""
 
 from __future__ import annotations
 
 import math
-import signal
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 
-from podracer.protocol import parallel
+from podracer.anakin.calls import Calls, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
-from podracer.session.checkpoint import Checkpointer, check_resumable, config_record, stop_on_signals
-from podracer.config import LogConfig, used_configs
-from podracer.errors import Interrupted
-from podracer.session.logger import RunLogger, start_wandb
+from podracer.es.metrics import ES_FIX, es_row
 from podracer.networks import make_policy_network
-from podracer.session.run_dir import prepare_run_dir
-from podracer.session.profile import make_profiler, no_measure
+from podracer.protocol import parallel
+from podracer.session.session import RunSession
+
+class Built(NamedTuple):
+    env: Any
+    policy: Any
+    layout: Any
+    calls: Calls
+    init: Any  # jitted `init(key) -> runner`
+    step: Any  # jitted `step(runner) -> (runner, metrics)`: `generations_per_call` generations
+    phases: Any  # the step's phases apart, to profile; else None
 
 
-def es_row(metrics) -> dict:
-    """One call's ES metrics (stacked over its generations) as one log row."""
-    metrics = parallel.to_host(metrics)
-    row = {"mean_params_return": float(metrics.pop("mean_params_return"))}
-    row["episode_return_mean"] = float(np.mean(metrics["fitness_mean"]))
-    row["episode_return_max"] = float(np.max(metrics.pop("fitness_max")))
-    row["episode_return_min"] = float(np.min(metrics.pop("fitness_min")))
-    row.update({key: float(np.mean(value)) for key, value in metrics.items()})
-    return row
-
-
-def build(configs: dict[str, Any], devices=None, profile: bool = False):
+def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Built:
     """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
     run, es_config, net = configs["run"], configs["es"], configs["network"]
     env = make_env(run.env)
@@ -46,15 +43,15 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False):
                                  net.hidden, net.activation)
     init, step = make_anakin_es(env, policy, es_config, mesh)
     phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
-    return layout, steps_per_call, num_calls, init, step, phases
+    return Built(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
 
 
 def train_es(configs: dict[str, Any], devices=None):
     """Train a policy with evolution strategies on Anakin; returns (summary, final runner).
 
-    `configs` maps section names to config dataclasses (`run`, `es`, `network`,
-    `checkpoint`, `logging`), as `podracer.orchestrate.cli.parse_configs` returns them. A run
-    directory with a checkpoint resumes from it.
+    `configs` maps section names to config dataclasses, as
+    `podracer.orchestrate.cli.parse_configs` returns them. A run directory
+    with a checkpoint resumes from it.
 
     `env_steps` counts the steps the population simulates (`population *
     episodes_per_member * horizon` per generation, steps after an episode's end
@@ -63,107 +60,52 @@ def train_es(configs: dict[str, Any], devices=None):
     fitness of the population over the call's generations, `mean_params_return`
     the return of the mean parameters after the call. With `--profile`, the
     step's phases run as separate programs, timed apart
-    (`podracer.anakin.profiled`), and the summary gets the time breakdown.
+    (`podracer.anakin.profiled`).
     """
-    wall_start = time.perf_counter()
+    session = RunSession(configs)
     run, es_config = configs["run"], configs["es"]
-    resuming = check_resumable(run.run_dir, configs["checkpoint"], configs)
-    profiler = make_profiler(configs.get("logging", LogConfig()), run.run_dir)
-    layout, steps_per_call, num_calls, init, step, phases = build(configs, devices,
-                                                                  profile=profiler is not None)
-    measure = profiler.measure if profiler else no_measure
-    prepare_run_dir(run.run_dir)
-    checkpointer = Checkpointer(run.run_dir, configs["checkpoint"], configs)
-
-    runner = init(jax.random.PRNGKey(run.seed))
-    start_call = 0
-    if resuming:
-        runner, meta = checkpointer.restore(runner)
-        start_call = int(meta["calls"])
+    generations_per_call = es_config.generations_per_call
+    built = build(configs, devices, profile=session.profiler is not None)
+    runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
+    calls = built.calls._replace(start=int(meta.get("calls", 0)))
     compile_start = time.perf_counter()
-    if profiler:
-        step = make_profiled_es_step(compile_es_phases(phases, runner), measure)
+    if session.profiler:
+        step = make_profiled_es_step(compile_es_phases(built.phases, runner), session.measure)
     else:
-        step = step.lower(runner).compile()
-    compile_s = time.perf_counter() - compile_start
-
-    every = configs["checkpoint"].checkpoint_every
-    save_every_calls = math.ceil(every / steps_per_call) if every else 0
-    main_process = parallel.is_main_process()
-    logger = RunLogger(run.run_dir, num_calls * steps_per_call, enabled=main_process,
-                       resume_steps=start_call * steps_per_call,
-                       wandb_run=start_wandb(configs) if main_process else None)
-    logger.compiled(compile_s)
+        step = built.step.lower(runner).compile()
+    session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
     last_row: dict = {}
-    if profiler:
-        profiler.start()
-    train_start = time.perf_counter()
 
     def record(call: int, metrics) -> None:
         row = es_row(metrics)
-        done = call + 1 - start_call
-        elapsed = time.perf_counter() - train_start
-        generations = (call + 1) * es_config.generations_per_call
-        row.update(env_steps=(call + 1) * steps_per_call, generations=generations,
-                   sps=done * steps_per_call / elapsed,
-                   generations_per_s=done * es_config.generations_per_call / elapsed)
-        logger.log(row)
+        done, elapsed = call + 1 - calls.start, session.elapsed()
+        generations = (call + 1) * generations_per_call
+        env_steps = (call + 1) * calls.steps_per_call
+        session.check_finite(row.pop("finite"), f"generation {generations}", env_steps, ES_FIX)
+        row.update(env_steps=env_steps, generations=generations,
+                   sps=done * calls.steps_per_call / elapsed,
+                   generations_per_s=done * generations_per_call / elapsed)
+        session.log(row)
         last_row.update(row)
 
-    try:
-        with stop_on_signals() as stop:
-            pending, stopping, call = None, False, start_call - 1
-            for call in range(start_call, num_calls):
-                runner, metrics = step(runner)  # dispatched: the host logs while it runs
-                if pending is not None:
-                    with measure("logging"):
-                        record(*pending)
-                pending = (call, metrics)
-                last = call + 1 == num_calls
-                stopping = parallel.any_process(bool(stop))  # every process stops at the same call
-                if last or stopping or (save_every_calls and (call + 1) % save_every_calls == 0):
-                    with measure("logging"):
-                        record(*pending)
-                    pending = None
-                    with measure("checkpoint"):
-                        checkpointer.save((call + 1) * steps_per_call, runner, {"calls": call + 1})
-                if stopping:
-                    break
-            jax.block_until_ready(runner)
-            train_s = time.perf_counter() - train_start
-            profiled = {"profile": profiler.stop(NOTE)} if profiler else {}
-    finally:
-        # Whatever stopped the loop, a save already started is completed, never left half-written.
-        checkpointer.wait()
-        checkpointer.close()
-    done_calls = call + 1 if num_calls > start_call else start_call
-    new_calls = done_calls - start_call
-    summary = logger.summary({
-        "arch": "anakin", "algo": "es", "variant": es_config.variant, "env": run.env,
-        "env_steps": done_calls * steps_per_call,
-        "sps": new_calls * steps_per_call / train_s if train_s > 0 and new_calls else None,
-        "episode_return_mean": last_row.get("episode_return_mean"),
-        "mean_params_return": last_row.get("mean_params_return"),
-        "generations": done_calls * es_config.generations_per_call,
-        "generations_per_s": (new_calls * es_config.generations_per_call / train_s
-                              if train_s > 0 and new_calls else None),
-        "population": es_config.population,
-        "horizon": layout.horizon,
-        "num_params": int(runner.strategy.mean.shape[0]),
-        "devices": layout.num_devices,
-        "compile_s": compile_s,
-        "train_s": train_s,
-        "resumed_from_env_steps": start_call * steps_per_call if resuming else None,
-        "processes": jax.process_count(),
-        # Every process must hold the same mean parameters; one hash per process proves it.
-        "params_fingerprints": parallel.process_fingerprints(runner.strategy.mean),
-        "wall_s": time.perf_counter() - wall_start,
-        **profiled,
-        "config": config_record(used_configs(configs)),
-    })
-    if stopping:
-        signum = stop.signal or signal.SIGTERM  # another process may have received it
-        raise Interrupted(signum, f"stopped by signal {signum} at env step "
-                                  f"{done_calls * steps_per_call:,}; checkpoint saved, "
-                                  f"resume with --run-dir={run.run_dir}")
-    return summary, runner
+    outcome = run_calls(session, step, runner, calls, record, NOTE if session.profiler else None)
+    new_calls = outcome.calls - calls.start
+    strategy = outcome.runner.strategy
+    summary = session.finish(
+        env_steps=outcome.calls * calls.steps_per_call,
+        new_steps=new_calls * calls.steps_per_call,
+        episode_return_mean=last_row.get("episode_return_mean"),
+        fingerprint_of=strategy.mean,
+        devices={"devices": built.layout.num_devices},
+        extra={
+            "variant": es_config.variant,
+            "mean_params_return": last_row.get("mean_params_return"),
+            "generations": outcome.calls * generations_per_call,
+            "generations_per_s": (new_calls * generations_per_call / session.train_s
+                                  if session.train_s > 0 and new_calls else None),
+            "population": es_config.population,
+            "horizon": built.layout.horizon,
+            "num_params": int(strategy.mean.shape[0]),
+        },
+        stopped=outcome.stopped)
+    return summary, outcome.runner

@@ -7,6 +7,10 @@ import dataclasses
 from podracer.bounds import NON_NEGATIVE, POSITIVE, UNIT, bounded, check_bounds
 
 
+# What the NaN guard tells a user whose PPO run diverged.
+PPO_FIX = "lower --lr or --max-grad-norm"
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
     """Proximal Policy Optimisation (Schulman et al. 2017) hyperparameters.

@@ -83,14 +83,30 @@ def put_until_stopped(out: queue.Queue, item, stop: threading.Event, poll_s: flo
     return False
 
 
-def run_actor(actor_id: int, envs: EnvPoolEnvs, settings: ActorSettings, device: jax.Device,
-              policy_step: Callable, store: ParamsStore, out: queue.Queue, learner_mesh: Mesh,
-              key: jax.Array, control: Control, timings: Timings) -> None:
-    """The body of one actor thread: acts on `envs` (and closes them) until `control` says stop.
+class Actor(NamedTuple):
+    """One actor thread's world: one record rather than a dozen arguments.
 
     `learner_mesh` spans the learner devices of every process; a trajectory goes
     to this process's part of it, as this process's columns of the global batch.
     """
+
+    actor_id: int
+    envs: EnvPoolEnvs  # owned: closed when the thread ends
+    settings: ActorSettings
+    device: jax.Device
+    policy_step: Callable  # `make_policy_step`
+    store: ParamsStore
+    out: queue.Queue  # holds one trajectory
+    learner_mesh: Mesh
+    key: jax.Array
+    control: Control
+    timings: Timings
+
+
+def run_actor(actor: Actor) -> None:
+    """The body of one actor thread: acts on its environments until `control` says stop."""
+    (actor_id, envs, settings, device, policy_step, store, out, learner_mesh, key, control,
+     timings) = actor
     try:
         spec = envs.spec
         action_shape, action_dtype = ((), np.int32) if spec.discrete else ((spec.action_dim,), np.float32)

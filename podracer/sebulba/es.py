@@ -144,7 +144,8 @@ def make_es_learner_step(strategy: es.Strategy, mesh: Mesh, normalize: bool) -> 
         state, metrics = strategy.tell(state, key, fitness)
         if normalize:
             obs_stats = es.merge_stats(obs_stats, es.reduce_stats(seen))
-        return state, obs_stats, metrics
+        # For the NaN guard: a non-finite mean is never published or saved.
+        return state, obs_stats, {**metrics, "params_finite": jnp.all(jnp.isfinite(state.mean))}
 
     everywhere = parallel.replicated(mesh)
     return jax.jit(step, in_shardings=everywhere, out_shardings=everywhere)

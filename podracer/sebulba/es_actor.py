@@ -111,15 +111,32 @@ def play_generation(envs: EnvPoolEnvs, act: Callable, params, obs_stats, seen, m
             envs.send(action, slots)
 
 
-def run_es_actor(actor_id: int, envs: EnvPoolEnvs, layout: ESLayout, episodes_per_member: int,
-                 device: jax.Device, slot_params: Callable, act: Callable, store: ParamsStore,
-                 out: queue.Queue, key: jax.Array, control: Control, timings: Timings) -> None:
-    """The body of one ES actor thread: evaluates generations (and closes `envs`) until stopped.
+class ESActor(NamedTuple):
+    """One ES actor thread's world: one record rather than a dozen arguments."""
+
+    actor_id: int  # numbered over every process: it says which members the thread plays
+    envs: EnvPoolEnvs  # one slot per member episode and evaluation episode; closed at the end
+    layout: ESLayout
+    episodes_per_member: int
+    device: jax.Device
+    slot_params: Callable  # `make_slot_params`
+    act: Callable  # `make_slot_act`
+    store: ParamsStore
+    out: queue.Queue  # holds one `Evaluation`
+    key: jax.Array  # the ES key: generation g uses generation_key(key, g)
+    control: Control
+    timings: Timings
+
+
+def run_es_actor(actor: ESActor) -> None:
+    """The body of one ES actor thread: evaluates generations (and closes its envs) until stopped.
 
     Generation `g` waits for the learner's policy version `g` (the mean after
-    `g` updates), builds its slots' parameters on `device` from
+    `g` updates), builds its slots' parameters on its device from
     `generation_key(key, g)`, plays it and queues an `Evaluation`.
     """
+    (actor_id, envs, layout, episodes_per_member, device, slot_params, act, store, out, key, control,
+     timings) = actor
     try:
         members = jax.device_put(thread_members(actor_id, layout), device)
         member_slot = np.arange(layout.slots_per_thread) < layout.member_slots

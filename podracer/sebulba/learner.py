@@ -13,7 +13,6 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer.protocol import parallel
-from podracer.errors import PodracerError
 from podracer.ppo import PPOConfig, make_update
 from podracer.sebulba.actor import Trajectory
 from podracer.sebulba.control import Control
@@ -86,56 +85,47 @@ def take_one_each(sources: Sequence[queue.Queue], control: Control, timings: Tim
     return items
 
 
-class Saving(NamedTuple):
-    """How and when the learner saves its state.
+class Learning(NamedTuple):
+    """What a learner thread runs with: one record rather than a dozen arguments.
 
-    `save(updates_done, state)` runs every `every` updates (0: never
-    periodically), and when the learner ends or is interrupted, unless nothing
-    changed since the last save.
+    `save(updates_done, state)` runs every `save_every` updates (0: never
+    periodically) and when the learner ends or is interrupted, unless nothing
+    changed since the last save. `guard(finite, update)` is the NaN guard (the
+    run session's): it raises before a non-finite state is published or saved.
     """
 
-    save: Callable[[int, TrainState], None]
-    every: int = 0
+    step_fn: Callable  # compiled `make_learner_step`
+    sources: Sequence[queue.Queue]  # one per actor thread, in actor order
+    store: ParamsStore
+    num_updates: int
+    key: jax.Array  # update u uses fold_in(key, u)
+    control: Control
+    timings: Timings
+    on_update: Callable[[int, list[Trajectory], dict], None]
+    first_update: int = 0
+    save: Callable[[int, TrainState], None] | None = None
+    save_every: int = 0
+    interrupted: Callable[[], bool] = lambda: False
+    guard: Callable[[bool, int], None] = lambda finite, update: None
 
 
-def check_finite(metrics: dict[str, float], update: int, steps_per_update: int,
-                 last_saved: int | None) -> None:
-    """The NaN guard: a non-finite loss or parameter stops the run before anything is saved.
-
-    `update` is the update that produced `metrics` (counted from 1) and
-    `last_saved` the update count of the last checkpoint (None: none yet).
-    """
-    if metrics.get("params_finite", 1.0) == 1.0 and all(math.isfinite(v) for v in metrics.values()):
-        return
-    kept = ("nothing was saved yet" if last_saved is None else
-            f"the last good checkpoint (env step {last_saved * steps_per_update:,}) is kept")
-    raise PodracerError(f"non-finite loss or parameters at update {update} "
-                        f"(env step {update * steps_per_update:,}); stopped, {kept}; "
-                        f"lower --lr or --max-grad-norm")
-
-
-def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Queue],
-                store: ParamsStore, num_updates: int, key: jax.Array, control: Control,
-                timings: Timings, on_update: Callable[[int, list[Trajectory], dict], None],
-                first_update: int = 0, saving: Saving | None = None,
-                interrupted: Callable[[], bool] = lambda: False,
-                steps_per_update: int = 0) -> TrainState:
-    """Take one trajectory from each actor queue, update, publish; updates `first_update` .. `num_updates - 1`.
+def run_learner(learning: Learning, state: TrainState) -> TrainState:
+    """Take one trajectory from each actor queue, update, publish; until `num_updates` updates.
 
     The update key of update u is `fold_in(key, u)`, so a run's updates do not
     depend on timing, and a resumed run (`first_update` > 0) continues the
     sequence. `on_update(u, trajectories, metrics)` sees each update's inputs
     and host-side metrics. Returns the last state: early if `interrupted()`
     (a signal: saved first) or if `control.stop` is set (a failure elsewhere:
-    nothing is saved). A non-finite loss or parameter raises `PodracerError`
-    (`check_finite`; `steps_per_update` only words its message) before the
-    update is published or saved.
+    nothing is saved).
 
     On several processes every learner runs this loop, and each update is one
     program over all their devices: so every update starts by deciding
     together whether to stop (`parallel.any_process`), and all of them stop,
     and save, after the same update.
     """
+    (step_fn, sources, store, num_updates, key, control, timings, on_update, first_update, save,
+     save_every, interrupted, guard) = learning
     saved = done = first_update
     for update in range(first_update, num_updates):
         trajectories = take_one_each(sources, control, timings, interrupted)
@@ -148,17 +138,15 @@ def run_learner(step_fn: Callable, state: TrainState, sources: Sequence[queue.Qu
                                      tuple(t.bootstrap_value for t in trajectories),
                                      jax.random.fold_in(key, update))
             metrics = {name: float(value) for name, value in parallel.to_host(metrics).items()}
-        check_finite(metrics, update + 1, steps_per_update, saved or None)
-        metrics.pop("params_finite", None)
+        finite = metrics.pop("params_finite", 1.0) == 1.0
+        guard(finite and all(math.isfinite(v) for v in metrics.values()), update + 1)
         with timings.measure("params_to_actors"):
             store.publish(state, update + 1)
         on_update(update, trajectories, metrics)
         done = update + 1
-        if saving is not None and saving.every and done % saving.every == 0:
-            with timings.measure("checkpoint"):
-                saving.save(done, state)
+        if save is not None and save_every and done % save_every == 0:
+            save(done, state)
             saved = done
-    if saving is not None and done > saved:
-        with timings.measure("checkpoint"):
-            saving.save(done, state)
+    if save is not None and done > saved:
+        save(done, state)
     return state

@@ -18,35 +18,28 @@ from __future__ import annotations
 
 import math
 import queue
-import signal
-import threading
 import time
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
-from podracer.protocol import parallel
-from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, check_resumable, config_record,
-                                 stop_on_signals)
-from podracer.config import (LogConfig, NetworkConfig, OptimConfig, RunConfig, make_optimizer,
-                             used_configs)
-from podracer.errors import Interrupted
-from podracer.session.logger import RunLogger
+from podracer.config import make_optimizer
+from podracer.data.train_hooks import record_trained_policy, warm_start
 from podracer.networks import init_params, make_network
-from podracer.session.profile import make_profiler
-from podracer.ppo import PPOConfig, init_train_state
-from podracer.sebulba.actor import ActorSettings, make_policy_step, run_actor
-from podracer.sebulba.config import DeviceSplit, Layout, SebulbaConfig, make_layout, split_devices
-from podracer.sebulba.control import Control, wait_for_threads
+from podracer.ppo import init_train_state
+from podracer.ppo.config import PPO_FIX
+from podracer.protocol import parallel
+from podracer.sebulba.actor import Actor, ActorSettings, make_policy_step, run_actor
+from podracer.sebulba.config import DeviceSplit, Layout, make_layout, split_devices
+from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
-from podracer.sebulba.learner import Saving, make_learner_step, run_learner, trajectory_shapes
+from podracer.sebulba.learner import Learning, make_learner_step, run_learner, trajectory_shapes
 from podracer.sebulba.metrics import IntervalLog
 from podracer.sebulba.params import ParamsStore
-from podracer.session.run_dir import prepare_run_dir
-from podracer.session.timing import Timings, as_metrics, format_breakdown
+from podracer.sebulba.threads import actor_thread, run_threads
+from podracer.session.session import RunSession
 from podracer.types import TrainState, Transition
-
 
 class Setup(NamedTuple):
     """Everything built before a thread starts: sizes, network, learner state and its compiled step."""
@@ -71,9 +64,10 @@ def _column_shapes(spec, rollout_len: int) -> Transition:
                       scalar, scalar, scalar)
 
 
-def build(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig, optim: OptimConfig,
-          net: NetworkConfig, devices=None) -> Setup:
+def build(configs: dict[str, Any], devices=None) -> Setup:
     """Check the configs against the devices, then build and compile the learner."""
+    run, ppo_config, sebulba = configs["run"], configs["ppo"], configs["sebulba"]
+    optim, net = configs["optimizer"], configs["network"]
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_layout(sebulba, ppo_config, split, jax.process_count())
@@ -97,27 +91,6 @@ def build(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig, optim: 
                  time.perf_counter() - compile_start)
 
 
-def run_cpu_work_inline() -> None:
-    """Execute CPU computations on the thread that calls them (`jax_cpu_enable_async_dispatch`).
-
-    Every Sebulba thread waits for its own computation at once (an actor needs
-    its actions, the learner its metrics), so handing each small policy call to
-    XLA's worker threads only adds a thread wake-up per environment step; on a
-    2-core CPU, inline execution measured 15-35% more steps/s. Effective only
-    before JAX's CPU backend starts; a process-wide setting, hence the launcher's
-    to make, never a library import's.
-    """
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
-
-
-def train_ppo_from_configs(configs: dict[str, Any]):
-    """The launcher's entry point: `train_ppo` on the config sections (the launcher has run
-    `run_cpu_work_inline` before JAX started)."""
-    return train_ppo(configs["run"], configs["ppo"], configs["sebulba"], configs["optimizer"],
-                     configs["network"], checkpoint=configs["checkpoint"],
-                     log_config=configs["logging"])
-
-
 def env_seed(seed: int, actor: int, first_update: int) -> int:
     """envpool's seed for one actor thread (numbered over every process).
 
@@ -128,50 +101,37 @@ def env_seed(seed: int, actor: int, first_update: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
 
 
-def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
-              optim: OptimConfig, net: NetworkConfig, devices=None,
-              checkpoint: CheckpointConfig = CheckpointConfig(), log_config: LogConfig = LogConfig()):
+def train_ppo(configs: dict[str, Any], devices=None):
     """Train PPO with Sebulba on `devices` (default: this host's); returns (summary, final state).
 
-    Actor threads step envpool environments on the host and act on their actor
-    device; the learner updates on the learner devices and saves checkpoints
-    into `run.run_dir` (every `checkpoint.checkpoint_every` env steps, at the
-    end, and on a signal). A run directory with a checkpoint resumes from it.
-    SIGINT/SIGTERM make the learner save and stop every thread, then raise
-    `Interrupted` (after writing the summary); a failure in any thread stops
-    every thread and is re-raised. With `log_config.profile` the summary gets a
-    per-thread time breakdown (`podracer.session.profile`).
+    `configs` maps section names to config dataclasses, as
+    `podracer.orchestrate.cli.parse_configs` returns them. Actor threads step
+    envpool environments on the host and act on their actor device; the
+    learner updates on the learner devices and saves checkpoints into the run
+    directory. SIGINT/SIGTERM make the learner save and stop every thread; a
+    failure in any thread stops every thread and is re-raised.
     """
-    wall_start = time.perf_counter()
-    configs = {"run": run, "ppo": ppo_config, "sebulba": sebulba, "optimizer": optim, "network": net,
-               "checkpoint": checkpoint, "logging": log_config}
-    resuming = check_resumable(run.run_dir, checkpoint, configs)
-    setup = build(run, ppo_config, sebulba, optim, net, devices)
-    layout, split = setup.layout, setup.split
-    prepare_run_dir(run.run_dir)
-    checkpointer = Checkpointer(run.run_dir, checkpoint, configs)
+    session = RunSession(configs)
+    run, ppo_config, sebulba = configs["run"], configs["ppo"], configs["sebulba"]
+    setup = build(configs, devices)
+    layout, split, steps = setup.layout, setup.split, setup.layout.steps_per_update
     actor_key, learner_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(run.seed), 1))
     # Saved with the train state, so replicated over the learner mesh like it.
-    learner = {"train": setup.state,
-               "key": parallel.from_host(np.asarray(learner_key), parallel.replicated(setup.mesh))}
-    first_update = 0
-    if resuming:
-        learner, meta = checkpointer.restore(learner)
-        first_update = int(meta["updates"])
-    steps = layout.steps_per_update
-    main_process = parallel.is_main_process()
-    logger = RunLogger(run.run_dir, setup.num_updates * steps, enabled=main_process,
-                       resume_steps=first_update * steps)
-    logger.compiled(setup.compile_s)
-
-    profiler = make_profiler(log_config, run.run_dir)
-    control, timings = Control(), profiler or Timings()
+    learner, meta = session.open(
+        {"train": setup.state,
+         "key": parallel.from_host(np.asarray(learner_key), parallel.replicated(setup.mesh))})
+    first_update = int(meta.get("updates", 0))
+    cloned = {}
+    if not session.resuming and session.data.init_from_dataset:  # never over a checkpoint
+        learner["train"], cloned = warm_start(learner["train"], session.data, setup.spec, run.env,
+                                              setup.network, ppo_config, run.seed)
+    control, timings = Control(), session.timings
     store = ParamsStore(split.actor)
-    # A policy's version is the number of updates applied to it.
-    store.publish(learner["train"], first_update)
+    store.publish(learner["train"], first_update)  # a policy's version: the updates applied to it
     policy_step = make_policy_step(setup.network.apply, ppo_config)
     queues = [queue.Queue(maxsize=1) for _ in range(layout.num_actor_threads)]
-    settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous, time_transfers=bool(profiler))
+    settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous,
+                             time_transfers=session.profiler is not None)
     if first_update:
         actor_key = jax.random.fold_in(actor_key, first_update)
     actors = []
@@ -181,79 +141,40 @@ def train_ppo(run: RunConfig, ppo_config: PPOConfig, sebulba: SebulbaConfig,
         # Made here rather than in the thread: a bad environment fails before anything starts.
         envs = EnvPoolEnvs(run.env, layout.envs_per_thread, layout.env_batch, sebulba.env_threads,
                            seed=env_seed(run.seed, numbered, first_update))
-        device = split.actor[actor_id // sebulba.actor_threads]
-        actors.append(threading.Thread(
-            target=control.guard(run_actor, f"actor thread {actor_id}"),
-            args=(actor_id, envs, settings, device, policy_step, store, queues[actor_id], setup.mesh,
-                  jax.random.fold_in(actor_key, numbered), control, timings),
-            name=f"sebulba-actor-{actor_id}", daemon=True))
+        record = Actor(actor_id, envs, settings, split.actor[actor_id // sebulba.actor_threads],
+                       policy_step, store, queues[actor_id], setup.mesh,
+                       jax.random.fold_in(actor_key, numbered), control, timings)
+        actors.append(actor_thread(control, run_actor, record, actor_id, "sebulba-actor"))
 
+    logger = session.start(setup.num_updates * steps, setup.compile_s)
     log = IntervalLog(logger, timings, sebulba.log_every, steps, setup.num_updates, first_update)
-    every = checkpoint.checkpoint_every
-    saving = Saving(lambda updates, state: checkpointer.save(
-        updates * steps, {"train": state, "key": learner["key"]}, {"updates": updates}),
-        every=math.ceil(every / steps) if every else 0)
-    final = []
-
-    def learn():
-        final.append(run_learner(setup.step_fn, learner["train"], queues, store, setup.num_updates,
-                                 learner["key"], control, timings, log, first_update=first_update,
-                                 saving=saving, interrupted=lambda: bool(signalled),
-                                 steps_per_update=steps))
-
-    learner_thread = threading.Thread(target=control.guard(learn, "learner thread"),
-                                      name="sebulba-learner", daemon=True)
-    if profiler:
-        profiler.start()
-    train_start = log.start = time.perf_counter()
-    try:
-        with stop_on_signals() as signalled:
-            for thread in (*actors, learner_thread):
-                thread.start()
-            # The learner notices a signal itself, so that it saves, and on several
-            # processes stops after the same update as the others.
-            wait_for_threads(control, learner_thread, actors)
-        # The threads are done: the time breakdown's window ends here, not after the last save
-        # has reached the disk (the main thread's wait below).
-        train_s = time.perf_counter() - train_start
-        profiled = {"profile": profiler.stop()} if profiler else {}
-    finally:
-        # Whatever stopped the run, a save already started is completed, never left half-written.
-        checkpointer.wait()
-        checkpointer.close()
-    totals = timings.totals()
-    env_steps = log.updates * steps
-    new_steps = (log.updates - first_update) * steps
-    stopped = log.updates < setup.num_updates
-    summary = logger.summary({
-        "arch": "sebulba", "algo": "ppo", "env": run.env,
-        "env_steps": env_steps,
-        "sps": new_steps / train_s if new_steps else None,
-        "episode_return_mean": log.last_return if log.last_return is not None else logger.last_return,
-        "updates": log.updates,
-        # Over every process, as the sizes are.
-        "actor_devices": len(split.actor) * jax.process_count(),
-        "learner_devices": setup.mesh.devices.size,
-        "actor_threads": layout.num_actor_threads * jax.process_count(),
-        **log.run_summary(),
-        "compile_s": setup.compile_s,
-        "train_s": train_s,
-        "resumed_from_env_steps": first_update * steps if resuming else None,
-        "processes": jax.process_count(),
-        # Every process must hold the same parameters; one hash per process proves it.
-        "params_fingerprints": parallel.process_fingerprints(final[0].params),
-        **as_metrics(totals),
-        "wall_s": time.perf_counter() - wall_start,
-        **profiled,
-        "config": config_record(used_configs(configs)),
-    })
-    if logger.enabled and not profiler:  # a profile prints its own, fuller table
-        logger.stream.write(format_breakdown(totals, train_s))
-        logger.stream.flush()
-    if stopped:
-        signum = signalled.signal or signal.SIGTERM  # another process may have received it
-        saved = (f"checkpoint saved; resume with --run-dir={run.run_dir}" if log.updates
-                 else "nothing to save yet")
-        raise Interrupted(signum, f"stopped by signal {signum} after {log.updates} updates "
-                                  f"({env_steps:,} env steps); {saved}")
-    return summary, final[0]
+    every = configs["checkpoint"].checkpoint_every
+    learning = Learning(
+        setup.step_fn, queues, store, setup.num_updates, learner["key"], control, timings, log,
+        first_update=first_update,
+        save=lambda updates, state: session.save(updates * steps, {"train": state, "key": learner["key"]},
+                                                 {"updates": updates}),
+        save_every=math.ceil(every / steps) if every else 0,
+        interrupted=lambda: bool(session.stop),
+        guard=lambda finite, update: session.check_finite(finite, f"update {update}", update * steps,
+                                                          PPO_FIX))
+    log.start = time.perf_counter()
+    final = run_threads(session, control, actors, lambda: run_learner(learning, learner["train"]),
+                        "sebulba-learner")
+    processes = jax.process_count()
+    summary = session.finish(
+        env_steps=log.updates * steps,
+        new_steps=(log.updates - first_update) * steps,
+        episode_return_mean=log.last_return if log.last_return is not None else logger.last_return,
+        fingerprint_of=final.params,
+        devices={"devices": len(set(split.actor) | set(split.learner)) * processes,
+                 # Over every process, as the sizes are.
+                 "actor_devices": len(split.actor) * processes,
+                 "learner_devices": setup.mesh.devices.size,
+                 "actor_threads": layout.num_actor_threads * processes},
+        extra={"updates": log.updates, **log.run_summary(), **cloned},
+        stopped=log.updates < setup.num_updates,
+        record=lambda: record_trained_policy(final, session.data, setup.spec, run.env,
+                                             setup.network, ppo_config, run.seed, arch="sebulba"),
+        breakdown=True)
+    return summary, final

@@ -1,0 +1,153 @@
+"""The training command line: flags onto one config per section, checked before anything runs.
+
+Precedence: dataclass default < preset for the (arch, algo, env) triple < flag
+given on the command line. Everything that needs no devices and no
+compilation is checked here: ranges, flags the (arch, algo) pair does not read,
+`--wandb` without its package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import time
+from typing import Any, NamedTuple, Sequence
+
+from podracer import config as run_config
+from podracer.anakin.loop import AnakinConfig
+from podracer.data.config import DataConfig
+from podracer.errors import PodracerError
+from podracer.es.config import ESConfig
+from podracer.orchestrate.distributed import DistConfig
+from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
+from podracer.ppo.config import PPOConfig
+from podracer.presets import preset_for
+from podracer.sebulba.config import SebulbaConfig
+from podracer.session.checkpoint import CheckpointConfig, config_record
+from podracer.session.run_dir import new_run_name
+
+# Every config class the command line fills, by the name its section has in --help.
+SECTIONS: dict[str, type] = {
+    "run": run_config.RunConfig,
+    "ppo": PPOConfig,
+    "es": ESConfig,
+    "anakin": AnakinConfig,
+    "sebulba": SebulbaConfig,
+    "optimizer": run_config.OptimConfig,
+    "network": run_config.NetworkConfig,
+    "checkpoint": CheckpointConfig,
+    "distributed": DistConfig,
+    "logging": run_config.LogConfig,
+    "data": DataConfig,
+}
+
+
+def _triple(argv: Sequence[str]) -> tuple[str, str, str]:
+    """--arch, --algo and --env as given (else their defaults), before the full parse."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    defaults = run_config.RunConfig()
+    for name in ("arch", "algo", "env"):
+        parser.add_argument(flag_name(name), dest=name, default=getattr(defaults, name))
+    known, _ = parser.parse_known_args(list(argv))
+    return known.arch, known.algo, known.env
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The training parser; its help shows the defaults of the triple `argv` names."""
+    arch, algo, env = _triple(argv)
+    parser = Parser(
+        prog="podracer",
+        description="Train with podracer (also: python launch/tpu.py). Runs on every device JAX "
+                    "sees (all TPU cores of a TPU VM, forced CPU devices with --cpu-devices). "
+                    "Defaults below are those of the --arch/--algo/--env given (a preset per "
+                    "triple). Verbs: eval (score a run's policy), up/status/down/list (TPU "
+                    "slices; see README).",
+        allow_abbrev=False)
+    parser.add_argument("--print-config", action="store_true", default=None,
+                        help="print the resolved settings (defaults, preset and flags) and exit")
+    add_fields(parser, SECTIONS, preset_for(arch, algo, env), (arch, algo),
+                f"--arch={arch} --algo={algo} --env={env}")
+    return parser
+
+
+class Parsed(NamedTuple):
+    """A command line, resolved: one config per section, and where each value came from."""
+
+    configs: dict[str, Any]
+    given: dict[str, Any]  # flags on the command line, by field name
+    preset: dict[str, Any]  # the triple's preset
+    print_config: bool
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return self.configs["run"].arch, self.configs["run"].algo
+
+    def used(self) -> dict[str, Any]:
+        """The configs the pair reads, in section order."""
+        return {name: cfg for name, cfg in self.configs.items() if name in run_config.USES[self.pair]}
+
+    def differences(self) -> list[str]:
+        """`--flag=value (given|preset)` for each setting the pair reads that is not its default."""
+        ignored = run_config.IGNORES.get(self.pair, {})
+        out = []
+        for section, cfg in self.used().items():
+            for field in dataclasses.fields(cfg):
+                value = getattr(cfg, field.name)
+                if field.name in ignored or field.name in ("arch", "algo", "env", "run_dir") \
+                        or value == field.default:
+                    continue
+                origin = "given" if field.name in self.given else "preset"
+                out.append(f"{flag_name(field.name)}={shown(value)} ({origin})")
+        return list(dict.fromkeys(out))  # a flag shared by two sections once
+
+
+def parse(argv: Sequence[str]) -> Parsed:
+    """Parse and check `argv` (everything that needs no devices and no compilation)."""
+    args = vars(build_parser(argv).parse_args(list(argv)))
+    print_config = bool(args.pop("print_config"))
+    given = {name: value for name, value in args.items() if value is not None}
+    run_fields = {**{f.name: f.default for f in dataclasses.fields(run_config.RunConfig)}, **given}
+    pair = (run_fields["arch"], run_fields["algo"])
+    _refuse_unused(given, pair)
+    chosen = preset_for(run_fields["arch"], run_fields["algo"], run_fields["env"])
+    values = {**chosen, **given}
+    if not values.get("run_dir"):
+        values["run_dir"] = new_run_name(*pair, run_fields["env"], time.time())
+    configs = {}
+    for section, cls in SECTIONS.items():
+        names = {field.name for field in dataclasses.fields(cls)}
+        kwargs = {name: (tuple(value) if isinstance(value, list) else value)
+                  for name, value in values.items() if name in names}
+        try:
+            configs[section] = cls(**kwargs)
+        except ValueError as err:
+            raise PodracerError(str(err)) from None
+    if configs["logging"].wandb and importlib.util.find_spec("wandb") is None:
+        raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb")
+    return Parsed(configs, given, chosen, print_config)
+
+
+def _refuse_unused(given: dict[str, Any], pair: tuple[str, str]) -> None:
+    """A flag the (arch, algo) pair would ignore is an error, never a silent no-op."""
+    ignored = run_config.IGNORES.get(pair, {})
+    for name in given:
+        sections = [section for section, cls in SECTIONS.items()
+                    if name in {field.name for field in dataclasses.fields(cls)}]
+        if not any(section in run_config.USES[pair] for section in sections):
+            raise PodracerError(f"{flag_name(name)} is a {sections[0]} setting, which --arch={pair[0]} "
+                                f"--algo={pair[1]} does not use; drop it")
+        if name in ignored:
+            raise PodracerError(f"{flag_name(name)} does not apply to --arch={pair[0]} --algo={pair[1]} "
+                                f"({ignored[name]}); drop it")
+
+
+def parse_configs(argv: Sequence[str]) -> dict[str, Any]:
+    """Parse `argv` into one instance of each config class, keyed by section."""
+    return parse(argv).configs
+
+
+def config_text(parsed: Parsed) -> str:
+    """The resolved settings the pair reads, as JSON by section (what `--print-config` prints)."""
+    return json.dumps(config_record(parsed.used()), indent=2)

@@ -1,0 +1,193 @@
+"""One run's host sequence, written once for every (architecture, algorithm) pair.
+
+A pair's driver supplies only what is its own (how its state is built, one
+step or thread set, its extra metrics); the session does the rest:
+
+    session = RunSession(configs)            # data and resume checks, the profiler
+    ... build and compile (may refuse a setting: nothing written yet) ...
+    state, meta = session.open(initial_state)   # run dir, checkpointer; restored if resuming
+    session.start(total_steps, compile_s)    # logger (metrics, TensorBoard, W&B), profile window
+    with session.training() as stop:         # signals: the loop saves, then stops
+        ... session.log(row), session.check_finite(...), session.save(...) ...
+    summary = session.finish(...)            # the dataset hook, summary.json, Interrupted
+
+Every flag that concerns the host (`--run-dir`, `--checkpoint-every`,
+`--wandb`, `--profile`, `--record-dataset`, `--init-from-dataset`) is
+therefore handled here, once, for every pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from typing import Any, Callable, Iterator
+
+from podracer.config import LogConfig, used_configs
+from podracer.data.config import DataConfig
+from podracer.errors import Interrupted, PodracerError
+from podracer.protocol import parallel
+from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFlag, check_resumable,
+                                        config_record, stop_on_signals)
+from podracer.session.logger import RunLogger, start_wandb
+from podracer.session.profile import make_profiler
+from podracer.session.run_dir import prepare_run_dir
+from podracer.session.timing import Timings, as_metrics, format_breakdown
+
+
+class RunSession:
+    """The host side of one run: run directory, checkpoints, logging, profile, signals, summary."""
+
+    def __init__(self, configs: dict[str, Any]):
+        from podracer.data.train_hooks import check_data_config
+
+        # Sections a caller from Python may leave out get their defaults.
+        configs = {"checkpoint": CheckpointConfig(), "logging": LogConfig(), "data": DataConfig(),
+                   **configs}
+        self.configs = configs
+        self.run = configs["run"]
+        self.data: DataConfig = configs["data"]
+        self.wall_start = time.perf_counter()
+        self.main_process = parallel.is_main_process()
+        # Everything that needs no compilation is checked before anything is built.
+        check_data_config(self.data, writes=self.main_process)
+        self.resuming = check_resumable(self.run.run_dir, configs["checkpoint"], configs)
+        self.profiler = make_profiler(configs["logging"], self.run.run_dir)
+        self.timings: Timings = self.profiler or Timings()
+        self.checkpointer: Checkpointer | None = None
+        self.logger: RunLogger | None = None
+        self.resumed_from: int | None = None  # env steps of the checkpoint resumed from
+        self.last_saved: int | None = None  # env steps of the last checkpoint written or found
+        self.stop: StopFlag | None = None
+        self.compile_s = self.train_s = 0.0
+        self.profile: dict | None = None
+        self._train_start = 0.0
+
+    def measure(self, name: str):
+        """Time a block under `name` (the profiler's table, or the plain time breakdown)."""
+        return self.timings.measure(name)
+
+    # -- before training
+
+    def open(self, initial: Any) -> tuple[Any, dict[str, Any]]:
+        """Create the run directory and checkpointer; returns the state to start from.
+
+        A resumed run gets its latest checkpoint, restored into `initial`'s
+        shapes and shardings, with the checkpoint's meta; a new run `initial`
+        and an empty meta.
+        """
+        prepare_run_dir(self.run.run_dir)
+        self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
+        if not self.resuming:
+            return initial, {}
+        state, meta = self.checkpointer.restore(initial)
+        self.resumed_from = self.last_saved = int(meta["env_steps"])
+        return state, meta
+
+    def start(self, total_steps: int, compile_s: float) -> RunLogger:
+        """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
+        self.compile_s = compile_s
+        self.logger = RunLogger(self.run.run_dir, total_steps, enabled=self.main_process,
+                                resume_steps=self.resumed_from or 0,
+                                wandb_run=start_wandb(self.configs) if self.main_process else None)
+        self.logger.compiled(compile_s)
+        if self.profiler:
+            self.profiler.start()
+        self._train_start = time.perf_counter()
+        return self.logger
+
+    def elapsed(self) -> float:
+        """Seconds of training so far."""
+        return time.perf_counter() - self._train_start
+
+    # -- during training
+
+    @contextlib.contextmanager
+    def training(self, profile_note: str | None = None) -> Iterator[StopFlag]:
+        """SIGINT/SIGTERM set the flag it yields; the loop saves, then stops.
+
+        The training clock and the profile window end when the block does (not
+        after the last save has reached the disk); whatever ended the block, a
+        save already started is completed, never left half-written.
+        """
+        try:
+            with stop_on_signals() as stop:
+                self.stop = stop
+                yield stop
+            self.train_s = self.elapsed()
+            self.profile = self.profiler.stop(profile_note) if self.profiler else None
+        finally:
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
+                self.checkpointer.close()
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.logger.log(row)
+
+    def save(self, env_steps: int, state: Any, meta: dict[str, Any]) -> None:
+        """Start an asynchronous checkpoint of `state` at `env_steps`."""
+        with self.measure("checkpoint"):
+            self.checkpointer.save(env_steps, state, meta)
+        self.last_saved = env_steps
+
+    def check_finite(self, finite: bool, where: str, env_steps: int, fix: str) -> None:
+        """The NaN guard: stop before a non-finite state is published or saved.
+
+        `where` names the step (`update 12`, `generation 3`); `fix` says what
+        to change (`lower --lr or --max-grad-norm`).
+        """
+        if finite:
+            return
+        kept = ("nothing was saved yet" if self.last_saved is None else
+                f"the last good checkpoint (env step {self.last_saved:,}) is kept")
+        raise PodracerError(f"non-finite loss or parameters at {where} (env step {env_steps:,}); "
+                            f"stopped, {kept}; {fix}")
+
+    # -- after training
+
+    def finish(self, *, env_steps: int, new_steps: int, episode_return_mean: float | None,
+               fingerprint_of: Any, devices: dict[str, int], extra: dict[str, Any],
+               stopped: bool, record: Callable[[], dict] | None = None,
+               breakdown: bool = False) -> dict[str, Any]:
+        """Write `summary.json` (its common keys mean the same for every pair) and return it.
+
+        `devices` counts over every process; `fingerprint_of` is the parameter
+        tree every process must hold alike; `record()` is the pair's dataset hook,
+        run on process 0 when `--record-dataset` asks for one and training was
+        not stopped early.
+        Raises `Interrupted` (after writing the summary) when a signal stopped
+        the run.
+        """
+        import jax
+
+        recording = self.data.record_dataset and record is not None and not stopped
+        recorded = record() if recording and self.main_process else {}
+        totals = self.timings.totals()
+        summary = self.logger.summary({
+            "arch": self.run.arch, "algo": self.run.algo, "env": self.run.env,
+            "env_steps": env_steps,
+            "sps": new_steps / self.train_s if new_steps and self.train_s > 0 else None,
+            "episode_return_mean": episode_return_mean,
+            **extra,
+            **devices,
+            "processes": jax.process_count(),
+            "compile_s": self.compile_s,
+            "train_s": self.train_s,
+            "resumed_from_env_steps": self.resumed_from,
+            # Every process must hold the same parameters; one hash per process proves it.
+            "params_fingerprints": parallel.process_fingerprints(fingerprint_of),
+            **recorded,
+            **as_metrics(totals),
+            "wall_s": time.perf_counter() - self.wall_start,
+            **({"profile": self.profile} if self.profile else {}),
+            "config": config_record(used_configs(self.configs)),
+        })
+        if breakdown and self.logger.enabled and not self.profiler:  # a profile prints its own table
+            self.logger.stream.write(format_breakdown(totals, self.train_s))
+            self.logger.stream.flush()
+        if stopped:
+            signum = (self.stop.signal if self.stop else None) or signal.SIGTERM  # maybe another process's
+            saved = (f"checkpoint saved; resume with --run-dir={self.run.run_dir}"
+                     if self.last_saved is not None else "nothing was saved yet")
+            raise Interrupted(signum, f"stopped by signal {signum} at env step {env_steps:,}; {saved}")
+        return summary
