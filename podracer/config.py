@@ -31,16 +31,12 @@ USES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 IGNORES: dict[tuple[str, str], dict[str, str]] = {
     # field -> why, for fields of a section the pair reads that it has no use for
-    ("sebulba", "ppo"): {"wandb": "Sebulba does not log to W&B yet",
-                         "wandb_project": "Sebulba does not log to W&B yet"},
     ("sebulba", "es"): {
         "num_envs": "the population sets the environments (one per member episode)",
         "rollout_len": "members play whole episodes",
         "async_envs": "members play whole episodes", "synchronous": "generations run in lock step",
         "generations_per_call": "actors and learner meet every generation",
-        "horizon": "envpool ends episodes at its own time limit",
-        "wandb": "Sebulba does not log to W&B yet",
-        "wandb_project": "Sebulba does not log to W&B yet"},
+        "horizon": "envpool ends episodes at its own time limit"},
 }
 
 

@@ -118,10 +118,8 @@ def load_policy(run_dir: str, deterministic: bool = False) -> Callable:
     spec = env_spec_of(arch, configs["run"]["env"])
     if algo == "ppo":
         return _ppo_policy(configs, spec, state, deterministic)
-    if (arch, algo) == ("anakin", "es"):
+    if algo == "es":  # one checkpoint layout for ES on both architectures
         return _es_policy(configs, spec, state["strategy"]["mean"], state["obs_stats"])
-    if (arch, algo) == ("sebulba", "es"):
-        return _es_policy(configs, spec, state["es"]["mean"], state["obs_stats"])
     raise PodracerError(f"{run_dir} was made by --arch={arch} --algo={algo}, which load_policy "
                         f"does not know; evaluate it with the podracer version that trained it")
 

@@ -123,8 +123,7 @@ def test_sebulba_learner_spans_both_processes(tmp_path):
     configs = parse_configs([*SEBULBA, f"--run-dir={tmp_path / 'one'}"])
     sebulba = dataclasses.replace(configs["sebulba"], actor_devices=(0,), learner_devices=(1,),
                                   actor_threads=2)
-    _, state = train_ppo(configs["run"], configs["ppo"], sebulba, configs["optimizer"],
-                         configs["network"], devices=jax.devices()[:2])
+    _, state = train_ppo({**configs, "sebulba": sebulba}, devices=jax.devices()[:2])
     across = jax.tree.leaves(_final(two)["train"]["params"])
     within = jax.tree.leaves(jax.device_get(state.params))
     assert len(across) == len(within) > 0
@@ -166,9 +165,9 @@ def test_sebulba_es_population_spans_both_processes_and_matches_one_process(tmp_
                                              learner_devices=(1,), actor_threads=2)
     one_summary, (state, _) = train_es(configs, devices=jax.devices()[:2])
     assert one_summary["generations"] == summary["generations"]
-    across = _final(two)["es"]["mean"]
+    across = _final(two)["strategy"]["mean"]
     np.testing.assert_allclose(across, np.asarray(state.mean), rtol=1e-5, atol=1e-6)
-    first = restore_on_host(str(two / "checkpoints" / str(saves[0]) / "state"))["es"]["mean"]
+    first = restore_on_host(str(two / "checkpoints" / str(saves[0]) / "state"))["strategy"]["mean"]
     assert np.abs(across - first).max() > 1e-3  # the mean moved after the first save
 
 

@@ -80,15 +80,15 @@ FAULT_SCRIPT = textwrap.dedent("""
         train.EnvPoolEnvs = Failing
     else:
         real = train.run_learner
-        def failing_learner(step_fn, *args, **kwargs):
+        def failing_learner(learning, state):
             calls = []
             def step(*a):
                 calls.append(1)
                 if len(calls) == 4:
                     print(f"FAULT {time.time()}", file=sys.stderr, flush=True)
                     raise RuntimeError("learner exploded")
-                return step_fn(*a)
-            return real(step, *args, **kwargs)
+                return learning.step_fn(*a)
+            return real(learning._replace(step_fn=step), state)
         train.run_learner = failing_learner
     sys.exit(main(sys.argv[2:]))
 """)
@@ -121,7 +121,8 @@ def test_actor_failure_in_process_stops_every_thread(tmp_path, monkeypatch):
     config = sebulba_train.SebulbaConfig(num_envs=12, rollout_len=16, actor_threads=2)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="environment exploded"):
-        sebulba_train.train_ppo(run, PPOConfig(), config, OptimConfig(), NetworkConfig(),
+        sebulba_train.train_ppo({"run": run, "ppo": PPOConfig(), "sebulba": config,
+                                 "optimizer": OptimConfig(), "network": NetworkConfig()},
                                 devices=jax.devices()[:4])
     assert time.monotonic() - start < 60
     assert _sebulba_threads() == []

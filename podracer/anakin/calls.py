@@ -27,6 +27,18 @@ class Calls(NamedTuple):
     steps_per_call: int
 
 
+class Program(NamedTuple):
+    """What a pair builds before anything runs: its environment, network and jitted functions."""
+
+    env: Any
+    network: Any  # the actor-critic (PPO) or the policy whose parameters evolve (ES)
+    layout: Any  # sizes derived from the config and the mesh
+    calls: Calls  # `start` 0: the session knows whether it resumes
+    init: Any  # jitted `init(key) -> runner`
+    step: Any  # jitted `step(runner) -> (runner, metrics)`: one call
+    phases: Any  # the step's phases as separate programs, to profile; else None
+
+
 class Outcome(NamedTuple):
     runner: Any
     calls: int  # calls made in all, those before a resume included

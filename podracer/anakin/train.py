@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 
-from podracer.anakin.calls import Calls, run_calls
+from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
@@ -42,17 +42,7 @@ def _interval_metrics(metrics) -> dict:
     return row
 
 
-class Built(NamedTuple):
-    env: Any
-    network: Any
-    layout: Any
-    calls: Calls  # `start` 0: the session knows whether it resumes
-    init: Any  # jitted `init(key) -> runner`
-    train: Any  # jitted `train(runner) -> (runner, metrics)`: `updates_per_call` updates
-    phases: Any  # acting and learning apart, to profile; else None
-
-
-def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Built:
+def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
     """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases."""
     run, ppo_config, anakin = configs["run"], configs["ppo"], configs["anakin"]
     env = make_env(run.env)
@@ -68,7 +58,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Built
                                num_updates * ppo_config.epochs * ppo_config.minibatches)
     init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh)
     phases = make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh) if profile else None
-    return Built(env, network, layout, Calls(0, num_calls, steps_per_call), init, train, phases)
+    return Program(env, network, layout, Calls(0, num_calls, steps_per_call), init, train, phases)
 
 
 def train_ppo(configs: dict[str, Any], devices=None):
@@ -94,7 +84,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
         train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
                                         session.measure)
     else:
-        train = built.train.lower(runner).compile()
+        train = built.step.lower(runner).compile()
     session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
 
     def record(call: int, metrics) -> None:

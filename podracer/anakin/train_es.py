@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 
-from podracer.anakin.calls import Calls, run_calls
+from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
@@ -21,17 +21,7 @@ from podracer.networks import make_policy_network
 from podracer.protocol import parallel
 from podracer.session.session import RunSession
 
-class Built(NamedTuple):
-    env: Any
-    policy: Any
-    layout: Any
-    calls: Calls
-    init: Any  # jitted `init(key) -> runner`
-    step: Any  # jitted `step(runner) -> (runner, metrics)`: `generations_per_call` generations
-    phases: Any  # the step's phases apart, to profile; else None
-
-
-def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Built:
+def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
     """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
     run, es_config, net = configs["run"], configs["es"], configs["network"]
     env = make_env(run.env)
@@ -43,7 +33,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Built
                                  net.hidden, net.activation)
     init, step = make_anakin_es(env, policy, es_config, mesh)
     phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
-    return Built(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
+    return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
 
 
 def train_es(configs: dict[str, Any], devices=None):

@@ -148,7 +148,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
 
     logger = session.start(setup.num_updates * steps, setup.compile_s)
     log = IntervalLog(logger, timings, sebulba.log_every, steps, setup.num_updates, first_update)
-    every = configs["checkpoint"].checkpoint_every
+    every = session.configs["checkpoint"].checkpoint_every
     learning = Learning(
         setup.step_fn, queues, store, setup.num_updates, learner["key"], control, timings, log,
         first_update=first_update,

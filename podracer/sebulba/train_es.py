@@ -148,7 +148,7 @@ def train_es(configs: dict[str, Any], devices=None):
 
     learning = ESLearning(
         setup.learner_step, setup.es_key, setup.mesh, queues, store, run.total_steps, control,
-        timings, log, start, save=save, save_every=configs["checkpoint"].checkpoint_every,
+        timings, log, start, save=save, save_every=session.configs["checkpoint"].checkpoint_every,
         interrupted=lambda: bool(session.stop),
         guard=lambda finite, generation: session.check_finite(
             finite, f"generation {generation}", log.env_steps, ES_FIX))

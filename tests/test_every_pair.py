@@ -1,0 +1,149 @@
+"""Every cross-cutting flag on every (architecture, algorithm) pair: it takes effect, or is refused.
+
+One run per pair carries the flags that combine (`--wandb` offline, `--profile`,
+`--checkpoint-every`, `--cpu-devices`, `--record-dataset`); `--num-processes`
+and `--init-from-dataset` get runs of their own. Each flag's effect is checked
+in what the run wrote, and the four summaries are checked to mean the same.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import LAUNCHER, PYTHON
+
+PAIRS = {
+    ("anakin", "ppo"): ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=2048"],
+    ("anakin", "es"): ["--population=8", "--generations-per-call=2", "--eval-episodes=2", "--horizon=50",
+                       "--total-steps=3200"],
+    ("sebulba", "ppo"): ["--num-envs=4", "--rollout-len=16", "--total-steps=1024"],
+    ("sebulba", "es"): ["--population=8", "--eval-episodes=2", "--total-steps=1500"],
+}
+IDS = [f"{arch}-{algo}" for arch, algo in PAIRS]
+CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
+                    ("sebulba", "es"): 300}
+RECORD_EPISODES = 3
+
+
+def _launch(pair, *flags, cwd, timeout=400):
+    arch, algo = pair
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    return subprocess.run([PYTHON, LAUNCHER, f"--arch={arch}", f"--algo={algo}", *PAIRS[pair], *flags],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module", params=list(PAIRS), ids=IDS)
+def combined(request, tmp_path_factory):
+    """One run of a pair with every flag that combines with the others."""
+    pair = request.param
+    root = tmp_path_factory.mktemp("-".join(pair))
+    result = _launch(pair, f"--run-dir={root / 'run'}", "--wandb", "--profile", "--profile-trace-s=0",
+                     f"--checkpoint-every={CHECKPOINT_EVERY[pair]}", "--keep-checkpoints=10",
+                     "--cpu-devices=2", f"--record-dataset={root / 'dataset'}",
+                     f"--record-episodes={RECORD_EPISODES}", cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    return pair, root, summary, result
+
+
+def test_wandb_logs_every_row_offline(combined):
+    _, root, _, _ = combined
+    runs = list((root / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    [events] = list(runs[0].glob("run-*.wandb"))
+    logged = events.read_bytes()
+    rows = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(key.encode() in logged for key in ("episode_return_mean", "sps"))
+
+
+def test_profile_breaks_the_time_down(combined):
+    _, _, summary, result = combined
+    profile = summary["profile"]
+    operations = {row["operation"] for row in profile["operations"]}
+    assert {"logging", "checkpoint"} <= operations and "where the time went" in result.stdout
+
+
+def test_checkpoint_every_saves_periodically(combined):
+    pair, root, summary, _ = combined
+    steps = sorted(int(p.name) for p in (root / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    # Periodic saves before the last one, at least one interval apart.
+    assert len(steps) >= 2 and steps[-1] == summary["env_steps"]
+    assert all(b - a >= CHECKPOINT_EVERY[pair] for a, b in zip(steps, steps[1:]))
+
+
+def test_cpu_devices_splits_the_cpu(combined):
+    _, _, summary, result = combined
+    assert summary["devices"] == 2 and "2 cpu devices" in result.stdout.splitlines()[0]
+
+
+def test_record_dataset_writes_the_trained_policys_episodes(combined):
+    pair, root, summary, _ = combined
+    from podracer import data
+
+    batch = data.load_episodes(str(root / "dataset"))
+    lengths = batch.mask.sum(axis=1) - 1  # transitions: the last step holds the final observation
+    assert batch.mask.shape[0] == RECORD_EPISODES == summary["dataset_episodes"]
+    assert (lengths > 0).all()
+    assert summary["dataset_return_mean"] == pytest.approx(float(batch.steps["reward"].sum(axis=1).mean()),
+                                                           rel=1e-5)
+    metadata = json.loads((root / "dataset" / "metadata.json").read_text())
+    assert metadata["policy"] == pair[1]
+
+
+COMMON_KEYS = {"arch": str, "algo": str, "env": str, "env_steps": int, "sps": float,
+               "episode_return_mean": float, "devices": int, "processes": int, "compile_s": float,
+               "train_s": float, "wall_s": float, "params_fingerprints": list, "config": dict}
+
+
+def test_the_summaries_common_keys_mean_the_same(combined):
+    pair, _, summary, _ = combined
+    for key, kind in COMMON_KEYS.items():
+        assert isinstance(summary[key], (int, float) if kind is float else kind), (key, summary[key])
+    assert (summary["arch"], summary["algo"]) == pair and summary["env"] == "CartPole-v1"
+    total = int(next(f for f in PAIRS[pair] if f.startswith("--total-steps")).split("=")[1])
+    assert summary["env_steps"] >= total and summary["sps"] > 0
+    assert summary["wall_s"] > summary["train_s"] > 0 and summary["compile_s"] > 0
+    assert summary["processes"] == len(summary["params_fingerprints"]) == 1
+    assert summary["resumed_from_env_steps"] is None
+    assert summary["config"]["run"]["arch"] == pair[0] and summary["config"]["checkpoint"][
+        "checkpoint_every"] == CHECKPOINT_EVERY[pair]
+    if pair[0] == "sebulba":  # over every process, as the sizes are
+        assert (summary["actor_devices"], summary["learner_devices"], summary["actor_threads"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("pair", list(PAIRS), ids=IDS)
+def test_num_processes_joins_two_processes(pair, tmp_path):
+    result = _launch(pair, f"--run-dir={tmp_path / 'run'}", "--num-processes=2", "--cpu-devices=2",
+                     "--checkpoint-every=0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    prints = summary["params_fingerprints"]
+    assert summary["processes"] == 2 and len(prints) == 2 and prints[0] == prints[1]
+    assert result.stdout.count("summary\n") == 1  # process 0 reports
+
+
+@pytest.fixture(scope="module")
+def cartpole_dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos")
+    result = _launch(("anakin", "ppo"), "--total-steps=150000", "--num-envs=32", "--rollout-len=32",
+                     "--updates-per-call=8", f"--run-dir={root / 'run'}",
+                     f"--record-dataset={root / 'dataset'}", "--record-episodes=8", cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "dataset"
+
+
+@pytest.mark.parametrize("pair", list(PAIRS), ids=IDS)
+def test_init_from_dataset_clones_or_is_refused(pair, cartpole_dataset, tmp_path):
+    result = _launch(pair, f"--run-dir={tmp_path / 'run'}", f"--init-from-dataset={cartpole_dataset}",
+                     "--bc-steps=200", cwd=tmp_path)
+    if pair[1] == "es":
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert "--init-from-dataset does not apply" in result.stderr
+        assert not (tmp_path / "run").exists()
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # The clone fits the demonstrations: a trained policy's actions, far likelier than chance.
+    assert summary["bc_steps"] == 200 and summary["bc_log_likelihood"] > -0.4  # chance: log(1/2) = -0.69
