@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 
+from podracer.anakin.env import make_env
+from podracer.anakin.loop import AnakinConfig, Experience, make_anakin_phases
 from podracer.protocol import parallel
 from podracer.networks import init_params, make_network
 from podracer.ppo import PPOConfig, Transition, init_train_state, make_update
@@ -52,12 +53,18 @@ def test_sebulba_learner_matches_anakin_and_single_device_updates(learner):
     batch, bootstrap = _batch()
     key = jax.random.PRNGKey(7)
 
-    # Anakin's call path: the update inside shard_map over every device.
-    axes = (parallel.DATA_AXIS,)
-    anakin = jax.jit(jax.shard_map(
-        make_update(network.apply, optimizer, config, axis_names=axes), mesh=parallel.make_mesh(),
-        in_specs=(P(), parallel.TIME_MAJOR_SPEC, P(parallel.DATA_AXIS), P()), out_specs=(P(), P())))
-    anakin_state, anakin_metrics = anakin(state, batch, bootstrap, key)
+    # Anakin's own learning program over every device: the update step of `make_anakin`'s
+    # fused program, compiled on its own as profile mode runs it (test_profile shows the
+    # two give the same run).
+    num_steps, num_envs = batch.reward.shape
+    _, anakin_learn = make_anakin_phases(
+        make_env("CartPole-v1"), network, optimizer, config,
+        AnakinConfig(num_envs=num_envs, rollout_len=num_steps), parallel.make_mesh())
+    episodes = {"episodes": np.int32(5), "episode_return_sum": np.float32(60.0),
+                "episode_length_sum": np.int32(60)}
+    anakin_state, anakin_metrics = anakin_learn(state, Experience(batch, bootstrap, key, episodes))
+    assert {d.id for d in jax.tree.leaves(anakin_state.params)[0].devices()} == set(range(8))
+    assert bool(anakin_metrics["params_finite"]) and int(anakin_metrics["episodes"]) == 5
 
     # Sebulba's: an actor on device 0 ships the batch to learners 1..3.
     mesh, learner = learner

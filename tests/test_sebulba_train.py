@@ -55,13 +55,19 @@ def test_synchronous_mode_is_deterministic(tmp_path):
     assert len({r["loss"] for r in rows_a}) == len(rows_a)  # every update did something different
 
 
-def test_learns_cartpole(tmp_path):
-    # A random policy averages about 22; a learner fed wrong advantages stays far below.
-    summary, _, rows = _train(tmp_path, jax.devices()[:2], total_steps=150_000, num_envs=32,
-                              rollout_len=32, log_every=5)
+def test_learns_cartpole_where_a_zero_learning_rate_cannot(tmp_path):
+    # A random policy averages about 22; this run first passes 200 after about 30,000 steps.
+    config = dict(num_envs=32, rollout_len=32, log_every=5)
+    summary, _, rows = _train(tmp_path / "learns", jax.devices()[:2], total_steps=150_000, **config)
     best = max(row["episode_return_mean"] or 0 for row in rows)
     assert best >= 200, [row["episode_return_mean"] for row in rows]
     assert summary["sps"] > 0
+    # The same run with a learning rate of zero, for 40,000 steps: updates that change
+    # nothing leave the policy random, far below the threshold.
+    _, _, control = _train(tmp_path / "control", jax.devices()[:2], total_steps=40_000,
+                           optim=OptimConfig(lr=0.0), **config)
+    assert max(row["episode_return_mean"] or 0 for row in control) < 50, \
+        [row["episode_return_mean"] for row in control]
 
 
 def test_pong_runs_on_frames(tmp_path):
