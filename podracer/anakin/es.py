@@ -27,7 +27,7 @@ from podracer.protocol import parallel
 from podracer.anakin.env import GymnaxEnv
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig, make_strategy
-from podracer.es.normalizer import RunningStats
+from podracer.normalize import RunningStats
 
 ActFn = Callable[[Any, jax.Array], jax.Array]
 
@@ -76,7 +76,7 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
       env: the Anakin environment (auto-resetting `step`).
       act_fn: `act_fn(params, obs) -> action`, deterministic, unbatched.
       horizon: scan length; an episode still running then is cut there.
-      normalize: feed the policy `es.normalize(obs_stats, obs)` and report `seen`,
+      normalize: feed the policy `es.ars_normalize(obs_stats, obs)` and report `seen`,
         the `es.observation_stats` of the raw observations acted on before the
         episode ended (ARS V2). Otherwise `obs_stats` is ignored and `seen` is `()`.
       axis_names: the mesh axes the caller runs under, if any: the scan's initial
@@ -92,7 +92,7 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
             env_state, obs, episode_return, alive = carry
             policy_obs = obs
             if normalize:
-                policy_obs = es.normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
+                policy_obs = es.ars_normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
             env_state, timestep = env.step(step_key, env_state, act_fn(params, policy_obs))
             episode_return = episode_return + alive * timestep.reward
             ended = jnp.logical_or(timestep.terminated, timestep.truncated)

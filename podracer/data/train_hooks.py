@@ -26,7 +26,7 @@ from podracer.data.record import make_recorder, policy_act_fn
 from podracer.data.spec import ACTION, IS_LAST, OBSERVATION, STEPS, import_tfds, step_spec_for_env
 from podracer.data.writer import DatasetWriter, check_new_dataset_dir
 from podracer.errors import PodracerError
-from podracer.normalize import init_stats, update_stats
+from podracer.normalize import init_running_stats, update_stats
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.types import TrainState
 
@@ -77,7 +77,7 @@ def behaviour_clone(apply_fn, params, demos: Demonstrations, config: BCConfig, l
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
     state = init_train_state(params, optimizer, obs_shape)
     if config.normalize_observations:
-        state = state._replace(obs_stats=update_stats(init_stats(obs_shape), demos.obs))
+        state = state._replace(obs_stats=update_stats(init_running_stats(obs_shape), demos.obs))
     update = make_bc_update(apply_fn, optimizer, config)
 
     @jax.jit

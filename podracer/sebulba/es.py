@@ -104,7 +104,7 @@ def make_slot_act(apply_fn: Callable, normalize: bool) -> Callable:
 
     Slot `i` acts with its own parameters `params[i]` on `obs[i]` (`jax.vmap`
     over the slots; `apply_fn(params, obs)` is the unbatched deterministic
-    policy). With `normalize` (ARS V2) the policy reads `es.normalize(obs_stats,
+    policy). With `normalize` (ARS V2) the policy reads `es.ars_normalize(obs_stats,
     obs)` and the raw observations where `counted` are merged into `seen`, the
     generation's statistics; otherwise `obs_stats`, `counted` and `seen` pass
     through unused.
@@ -115,7 +115,7 @@ def make_slot_act(apply_fn: Callable, normalize: bool) -> Callable:
         if normalize:
             flat = obs.reshape(obs.shape[0], -1)
             seen = es.merge_stats(seen, es.observation_stats(flat, counted))
-            obs = es.normalize(obs_stats, flat).reshape(obs.shape)
+            obs = es.ars_normalize(obs_stats, flat).reshape(obs.shape)
         return jax.vmap(apply_fn)(params, obs), seen
 
     return jax.jit(act)
