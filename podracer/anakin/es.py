@@ -40,7 +40,7 @@ class ESRunner(NamedTuple):
     key: jax.Array
 
 
-class ESLayout(NamedTuple):
+class AnakinESLayout(NamedTuple):
     """Sizes derived from the config, the environment and the mesh."""
 
     num_devices: int
@@ -59,13 +59,13 @@ def episode_horizon(env: GymnaxEnv, config: ESConfig) -> int:
     return int(limit)
 
 
-def make_es_layout(config: ESConfig, env: GymnaxEnv, mesh: Mesh) -> ESLayout:
+def make_es_layout(config: ESConfig, env: GymnaxEnv, mesh: Mesh) -> AnakinESLayout:
     num_devices = mesh.devices.size
     members = parallel.split_evenly(config.population, num_devices, "population members",
                                     "--population")
     horizon = episode_horizon(env, config)
     steps = config.population * config.episodes_per_member * horizon
-    return ESLayout(num_devices, members, horizon, steps)
+    return AnakinESLayout(num_devices, members, horizon, steps)
 
 
 def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool,
@@ -130,7 +130,7 @@ def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normal
 
 
 class _ESParts(NamedTuple):
-    layout: ESLayout
+    layout: AnakinESLayout
     strategy: es.Strategy
     member_fitness: Callable  # (flat_params, key, obs_stats) -> (fitness, seen)
     evaluate_mean: Callable  # (mean, obs_stats, key) -> mean return, over the mesh

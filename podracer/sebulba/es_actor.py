@@ -19,7 +19,7 @@ from podracer import es
 from podracer.sebulba.actor import put_until_stopped
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, EnvStep
-from podracer.sebulba.es import ESLayout, generation_key, member_fitness, thread_members
+from podracer.sebulba.es import SebulbaESLayout, generation_key, member_fitness, thread_members
 from podracer.sebulba.params import ParamsStore
 from podracer.session.timing import Timings
 
@@ -111,7 +111,7 @@ def play_generation(envs: EnvPoolEnvs, act: Callable, params, obs_stats, seen, m
             envs.send(action, slots)
 
 
-def run_es_actor(actor_id: int, envs: EnvPoolEnvs, layout: ESLayout, episodes_per_member: int,
+def run_es_actor(actor_id: int, envs: EnvPoolEnvs, layout: SebulbaESLayout, episodes_per_member: int,
                  device: jax.Device, slot_params: Callable, act: Callable, store: ParamsStore,
                  out: queue.Queue, key: jax.Array, control: Control, timings: Timings) -> None:
     """The body of one ES actor thread: evaluates generations (and closes `envs`) until stopped.
