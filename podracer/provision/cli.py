@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from podracer.errors import PodracerError
+from podracer.errors import Interrupted, PodracerError
 from podracer.provision.spec import SliceSpec, Timing, default_runtime_version
 
 VERBS = ("up", "status", "down", "list")
@@ -192,12 +193,13 @@ def main(argv: list[str]) -> int:
     try:
         command = parse_command(argv)
         return _load_commands().execute(command, say)
-    except PodracerError as error:
+    except (PodracerError, Interrupted) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr, flush=True)
-        return 130
+        stopped = Interrupted(signal.SIGINT, "interrupted")
+        print(f"error: {stopped}", file=sys.stderr, flush=True)
+        return stopped.exit_code
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
 
