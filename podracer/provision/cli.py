@@ -19,31 +19,15 @@ import argparse
 import re
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from podracer.errors import Interrupted, PodracerError
-from podracer.provision.spec import SliceSpec, Timing, default_runtime_version
+from podracer.provision.spec import Command, SliceSpec, Timing, default_runtime_version
 
 VERBS = ("up", "status", "down", "list")
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _ZONE = re.compile(r"[a-z0-9-]+")
 _PROJECT = re.compile(r"[a-z0-9.:-]+")
-
-
-@dataclass(frozen=True)
-class Command:
-    """One parsed invocation; `verb` is "run" when none was given."""
-
-    verb: str
-    spec: SliceSpec
-    timing: Timing
-    training_flags: tuple[str, ...] = ()
-    keep: bool = False
-    dry_run: bool = False
-    api_endpoint: str | None = None
-    install_spec: str | None = None
-    launcher: Path | None = None
 
 
 class _Parser(argparse.ArgumentParser):

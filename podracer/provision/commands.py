@@ -20,7 +20,6 @@ from podracer.provision.api import (
     connect,
     is_loopback,
 )
-from podracer.provision.cli import Command
 from podracer.provision.lifecycle import (
     RunFailed,
     Say,
@@ -40,7 +39,7 @@ from podracer.provision.report import (
     where_to_look,
 )
 from podracer.provision.source import DEFAULT_LAUNCHER, default_install_spec, read_launcher
-from podracer.provision.spec import SliceSpec, WorkerLayout
+from podracer.provision.spec import Command, SliceSpec, WorkerLayout
 from podracer.provision.startup import make_startup_script
 
 LAYOUT = WorkerLayout()
