@@ -16,7 +16,6 @@ import jax
 import numpy as np
 import optax
 
-import podracer
 from podracer.protocol import parallel
 from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
@@ -29,6 +28,7 @@ from podracer.errors import PodracerError
 from podracer.normalize import init_running_stats, update_stats
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.types import TrainState
+from podracer.version import __version__
 
 # Episodes recorded per jitted call: bounds memory to this many full-length episodes.
 RECORD_CHUNK = 256
@@ -130,7 +130,7 @@ def record_trained_policy(train: TrainState, data: DataConfig, env, network, ppo
     record = jax.jit(make_recorder(env, act_fn, chunk))
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xDA7A)
     metadata = {"env": env.env_id, "policy": "ppo", "deterministic": data.record_deterministic,
-                "seed": seed, "podracer_version": podracer.__version__}
+                "seed": seed, "podracer_version": __version__}
     returns = []
     with DatasetWriter(data.record_dataset, step_spec_for_env(env.spec), metadata=metadata) as writer:
         for call in range(math.ceil(data.record_episodes / chunk)):
