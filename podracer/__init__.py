@@ -4,7 +4,7 @@ Subpackages are imported on demand (`from podracer import ppo`) so that using
 one algorithm never pulls in an environment library it does not need.
 """
 
-__version__ = "0.1.0"
+from podracer.version import __version__
 
 __all__ = ["__version__", "load_policy", "train"]
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from podracer.normalize import normalize
+from podracer.normalize import standardize
 from podracer.types import TrainState
 
 
@@ -89,7 +89,7 @@ def make_bc_update(apply_fn: Callable, optimizer: optax.GradientTransformation, 
         index = jax.random.randint(key, (config.batch_size,), 0, num_samples)
         batch = jax.tree.map(lambda x: x[index], demonstrations)
         if config.normalize_observations:
-            batch = batch._replace(obs=normalize(state.obs_stats, batch.obs))
+            batch = batch._replace(obs=standardize(state.obs_stats, batch.obs))
         grads, metrics = grad_fn(state.params, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

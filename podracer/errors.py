@@ -13,7 +13,10 @@ class PodracerError(Exception):
 
 
 class Interrupted(Exception):
-    """Training stopped by a signal after saving; exit status is 128 + the signal."""
+    """A run stopped by a signal, after saving (training) or cleaning up (the provisioner).
+
+    The exit status is 128 + the signal, as a shell reports it: 130 for Ctrl-C.
+    """
 
     def __init__(self, signum: int, message: str):
         super().__init__(message)

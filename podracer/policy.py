@@ -52,8 +52,9 @@ def _network_config(configs: dict[str, Any]):
                             for k, v in configs["network"].items()})
 
 
-def _stats(saved: dict[str, Any], kind=RunningStats):
-    return kind(**{k: jnp.asarray(v) for k, v in saved.items()})
+def _stats(saved: dict[str, Any]) -> RunningStats:
+    """Observation statistics from a checkpoint's dict (`count`, `mean`, `sum_squared_deviations`)."""
+    return RunningStats(**{k: jnp.asarray(v) for k, v in saved.items()})
 
 
 def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], deterministic: bool) -> Callable:
@@ -90,14 +91,14 @@ def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -
     # Only the structure matters: the mean's values replace these.
     like = policy.init(jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
     params = ravel_pytree(like)[1](jnp.asarray(mean))
-    stats = _stats(obs_stats, es.RunningStats)
+    stats = _stats(obs_stats)
 
     def act(obs: jax.Array, key: jax.Array) -> jax.Array:
         """Actions for a batch of observations [B, ...]; `key` is unused (ES policies are deterministic)."""
         del key
         if es_config.normalize_observations:
             flat = obs.reshape(obs.shape[0], -1)
-            obs = es.normalize(stats, flat).reshape(obs.shape)
+            obs = es.ars_normalize(stats, flat).reshape(obs.shape)
         return jax.vmap(lambda o: policy.apply(params, o))(obs)
 
     return act

@@ -193,8 +193,8 @@ def test_observation_stats_mask_drops_rows():
 def test_normalize_whitens_and_zeroes_constant_coordinates():
     obs = jnp.stack([jnp.arange(10.0) * 3 + 1, jnp.full((10,), 4.0)], axis=1)
     # Before any observation is recorded, normalisation is the identity.
-    np.testing.assert_array_equal(es.normalize(es.init_running_stats(2), obs), obs)
-    normalized = es.normalize(es.observation_stats(obs), obs)
+    np.testing.assert_array_equal(es.ars_normalize(es.init_running_stats(2), obs), obs)
+    normalized = es.ars_normalize(es.observation_stats(obs), obs)
     np.testing.assert_allclose(normalized[:, 0].mean(), 0.0, atol=1e-5)
     np.testing.assert_allclose(normalized[:, 0].std(), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(normalized[:, 1], np.zeros(10))

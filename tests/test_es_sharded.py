@@ -42,7 +42,7 @@ def observed_quadratic(params, key, obs_stats):
     """ARS V2-style member: reads normalised observations, reports the raw ones it saw."""
     obs = jax.random.normal(key, (5, OBS_DIM)) * jnp.array([1.0, 4.0, 0.5]) + 2.0
     mask = jnp.array([1.0, 1.0, 1.0, 1.0, 0.0])  # the last step is after the episode ended
-    features = jnp.mean(es.normalize(obs_stats, obs) * mask[:, None], axis=0)
+    features = jnp.mean(es.ars_normalize(obs_stats, obs) * mask[:, None], axis=0)
     fitness = noisy_quadratic(params, key) + jnp.dot(features, params[:OBS_DIM])
     return fitness, es.observation_stats(obs, mask)
 

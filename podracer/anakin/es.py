@@ -27,7 +27,7 @@ from podracer.protocol import parallel
 from podracer.anakin.env import GymnaxEnv
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig, make_strategy
-from podracer.es.normalizer import RunningStats
+from podracer.normalize import RunningStats
 
 ActFn = Callable[[Any, jax.Array], jax.Array]
 
@@ -40,7 +40,7 @@ class ESRunner(NamedTuple):
     key: jax.Array
 
 
-class ESLayout(NamedTuple):
+class AnakinESLayout(NamedTuple):
     """Sizes derived from the config, the environment and the mesh."""
 
     num_devices: int
@@ -59,13 +59,13 @@ def episode_horizon(env: GymnaxEnv, config: ESConfig) -> int:
     return int(limit)
 
 
-def make_es_layout(config: ESConfig, env: GymnaxEnv, mesh: Mesh) -> ESLayout:
+def make_es_layout(config: ESConfig, env: GymnaxEnv, mesh: Mesh) -> AnakinESLayout:
     num_devices = mesh.devices.size
     members = parallel.split_evenly(config.population, num_devices, "population members",
                                     "--population")
     horizon = episode_horizon(env, config)
     steps = config.population * config.episodes_per_member * horizon
-    return ESLayout(num_devices, members, horizon, steps)
+    return AnakinESLayout(num_devices, members, horizon, steps)
 
 
 def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool,
@@ -76,7 +76,7 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
       env: the Anakin environment (auto-resetting `step`).
       act_fn: `act_fn(params, obs) -> action`, deterministic, unbatched.
       horizon: scan length; an episode still running then is cut there.
-      normalize: feed the policy `es.normalize(obs_stats, obs)` and report `seen`,
+      normalize: feed the policy `es.ars_normalize(obs_stats, obs)` and report `seen`,
         the `es.observation_stats` of the raw observations acted on before the
         episode ended (ARS V2). Otherwise `obs_stats` is ignored and `seen` is `()`.
       axis_names: the mesh axes the caller runs under, if any: the scan's initial
@@ -92,7 +92,7 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
             env_state, obs, episode_return, alive = carry
             policy_obs = obs
             if normalize:
-                policy_obs = es.normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
+                policy_obs = es.ars_normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
             env_state, timestep = env.step(step_key, env_state, act_fn(params, policy_obs))
             episode_return = episode_return + alive * timestep.reward
             ended = jnp.logical_or(timestep.terminated, timestep.truncated)
@@ -130,7 +130,7 @@ def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normal
 
 
 class _ESParts(NamedTuple):
-    layout: ESLayout
+    layout: AnakinESLayout
     strategy: es.Strategy
     member_fitness: Callable  # (flat_params, key, obs_stats) -> (fitness, seen)
     evaluate_mean: Callable  # (mean, obs_stats, key) -> mean return, over the mesh

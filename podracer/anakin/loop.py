@@ -47,7 +47,7 @@ class RunnerState(NamedTuple):
     key: jax.Array  # replicated
 
 
-class Layout(NamedTuple):
+class AnakinLayout(NamedTuple):
     """Sizes derived from the config and the mesh, never written back into either."""
 
     num_devices: int
@@ -55,14 +55,14 @@ class Layout(NamedTuple):
     steps_per_update: int  # global env steps
 
 
-def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> Layout:
+def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> AnakinLayout:
     num_devices = mesh.devices.size
     envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
     if config.rollout_len % ppo_config.minibatches:
         raise PodracerError(
             f"--rollout-len={config.rollout_len} does not split into --minibatches="
             f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
-    return Layout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
+    return AnakinLayout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
 
 
 def _pack_rows(tree) -> tuple[tuple[jax.Array, ...], Callable]:

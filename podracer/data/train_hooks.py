@@ -16,7 +16,6 @@ import jax
 import numpy as np
 import optax
 
-import podracer
 from podracer.protocol import parallel
 from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
@@ -26,9 +25,10 @@ from podracer.data.record import make_recorder, policy_act_fn
 from podracer.data.spec import ACTION, IS_LAST, OBSERVATION, STEPS, import_tfds, step_spec_for_env
 from podracer.data.writer import DatasetWriter, check_new_dataset_dir
 from podracer.errors import PodracerError
-from podracer.normalize import init_stats, update_stats
+from podracer.normalize import init_running_stats, update_stats
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.types import TrainState
+from podracer.version import __version__
 
 # Episodes recorded per jitted call: bounds memory to this many full-length episodes.
 RECORD_CHUNK = 256
@@ -77,7 +77,7 @@ def behaviour_clone(apply_fn, params, demos: Demonstrations, config: BCConfig, l
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
     state = init_train_state(params, optimizer, obs_shape)
     if config.normalize_observations:
-        state = state._replace(obs_stats=update_stats(init_stats(obs_shape), demos.obs))
+        state = state._replace(obs_stats=update_stats(init_running_stats(obs_shape), demos.obs))
     update = make_bc_update(apply_fn, optimizer, config)
 
     @jax.jit
@@ -130,7 +130,7 @@ def record_trained_policy(train: TrainState, data: DataConfig, env, network, ppo
     record = jax.jit(make_recorder(env, act_fn, chunk))
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xDA7A)
     metadata = {"env": env.env_id, "policy": "ppo", "deterministic": data.record_deterministic,
-                "seed": seed, "podracer_version": podracer.__version__}
+                "seed": seed, "podracer_version": __version__}
     returns = []
     with DatasetWriter(data.record_dataset, step_spec_for_env(env.spec), metadata=metadata) as writer:
         for call in range(math.ceil(data.record_episodes / chunk)):

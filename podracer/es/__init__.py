@@ -27,18 +27,20 @@ from podracer.es.noise import (
     population_noise,
     split_pairs,
 )
-from podracer.es.normalizer import (
+from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
+from podracer.es.sharded import make_sharded_phases, make_sharded_step, make_sharded_step_normalized
+from podracer.es.strategy import Strategy, fitness_metrics
+
+# ARS V2's observation statistics are the package-wide ones PPO also uses.
+from podracer.normalize import (
     RunningStats,
+    ars_normalize,
     init_running_stats,
     merge_stats,
-    normalize,
     observation_stats,
     psum_stats,
     reduce_stats,
 )
-from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
-from podracer.es.sharded import make_sharded_phases, make_sharded_step, make_sharded_step_normalized
-from podracer.es.strategy import Strategy, fitness_metrics
 
 __all__ = (
     "ARSState",
@@ -49,6 +51,7 @@ __all__ = (
     "VARIANTS",
     "all_pair_noise",
     "antithetic_sign",
+    "ars_normalize",
     "ars_step",
     "centred_ranks",
     "fitness_metrics",
@@ -61,7 +64,6 @@ __all__ = (
     "make_strategy",
     "member_noise",
     "merge_stats",
-    "normalize",
     "observation_stats",
     "openai_es_gradient",
     "pair_noise",

@@ -3,9 +3,9 @@
 Basic random search on the parameters with three augmentations: the step is
 scaled by the standard deviation of the returns used (V1), only the `b` best of
 the `N` directions are used (V1-t / V2-t), and observations are normalised by a
-running mean and variance (V2; see `podracer.es.normalizer`). The update here is
+running mean and variance (V2; see `podracer.normalize`). The update here is
 the same for V1 and V2: V2 is V1 with the policy reading
-`normalize(obs_stats, obs)` instead of `obs`. Fitness is MAXIMISED.
+`ars_normalize(obs_stats, obs)` instead of `obs`. Fitness is MAXIMISED.
 """
 
 from __future__ import annotations

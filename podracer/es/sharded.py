@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.es.normalizer import RunningStats, merge_stats, psum_stats, reduce_stats
 from podracer.es.strategy import Strategy
 from podracer.errors import PodracerError
+from podracer.normalize import RunningStats, merge_stats, psum_stats, reduce_stats
 from podracer.protocol import parallel
 from podracer.protocol.parallel import DATA_AXIS, axis_offset, replicated, split_evenly
 
@@ -195,7 +195,7 @@ def make_sharded_step_normalized(
     Args:
       strategy: usually `make_ars(...)` (any strategy works).
       fitness_fn: `fitness_fn(params_flat, key, obs_stats) -> (fitness, seen)`:
-        the member's return with its policy reading `normalize(obs_stats, obs)`,
+        the member's return with its policy reading `ars_normalize(obs_stats, obs)`,
         and `observation_stats` of the raw observations it visited (mask the
         steps after an episode ends).
       mesh, generations_per_call, axis: as in `make_sharded_step`.

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from podracer.bounds import POSITIVE, bounded, check_bounds
@@ -90,11 +91,10 @@ def free_port() -> int:
 
 def spawn_local(argv: Sequence[str], num_processes: int) -> int:
     """Run `python -m podracer argv` as `num_processes` joined processes on this machine."""
-    import podracer
-
     coordinator = f"127.0.0.1:{free_port()}"
-    # The children import this very copy of podracer, installed or not.
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(podracer.__file__)))
+    # The children import this very copy of podracer, installed or not: the
+    # directory that holds podracer/orchestrate/this file.
+    package_root = str(Path(os.path.abspath(__file__)).parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
     children = [subprocess.Popen([sys.executable, "-m", "podracer", *argv,

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 
 from podracer.protocol import parallel
-from podracer.normalize import RunningStats, init_stats, normalize, update_stats
+from podracer.normalize import RunningStats, init_running_stats, standardize, update_stats
 from podracer.ppo.config import PPOConfig
 from podracer.ppo.gae import gae_advantages
 from podracer.ppo.losses import Samples, ppo_loss
@@ -24,12 +24,12 @@ def init_train_state(params: Params, optimizer: optax.GradientTransformation,
                      obs_shape: Sequence[int]) -> TrainState:
     """A fresh train state for `params`."""
     return TrainState(params=params, opt_state=optimizer.init(params),
-                      obs_stats=init_stats(obs_shape), step=jnp.zeros((), jnp.int32))
+                      obs_stats=init_running_stats(obs_shape), step=jnp.zeros((), jnp.int32))
 
 
 def policy_inputs(obs: jax.Array, obs_stats: RunningStats, config: PPOConfig) -> jax.Array:
     """What the network sees: raw observations, or standardised ones."""
-    return normalize(obs_stats, obs) if config.normalize_observations else obs
+    return standardize(obs_stats, obs) if config.normalize_observations else obs
 
 
 def make_act(apply_fn: ApplyFn, config: PPOConfig, deterministic: bool = False,

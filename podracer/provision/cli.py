@@ -17,32 +17,17 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from podracer.errors import PodracerError
-from podracer.provision.spec import SliceSpec, Timing, default_runtime_version
+from podracer.errors import Interrupted, PodracerError
+from podracer.provision.spec import Command, SliceSpec, Timing, default_runtime_version
 
 VERBS = ("up", "status", "down", "list")
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _ZONE = re.compile(r"[a-z0-9-]+")
 _PROJECT = re.compile(r"[a-z0-9.:-]+")
-
-
-@dataclass(frozen=True)
-class Command:
-    """One parsed invocation; `verb` is "run" when none was given."""
-
-    verb: str
-    spec: SliceSpec
-    timing: Timing
-    training_flags: tuple[str, ...] = ()
-    keep: bool = False
-    dry_run: bool = False
-    api_endpoint: str | None = None
-    install_spec: str | None = None
-    launcher: Path | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,12 +177,13 @@ def main(argv: list[str]) -> int:
     try:
         command = parse_command(argv)
         return _load_commands().execute(command, say)
-    except PodracerError as error:
+    except (PodracerError, Interrupted) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr, flush=True)
-        return 130
+        stopped = Interrupted(signal.SIGINT, "interrupted")
+        print(f"error: {stopped}", file=sys.stderr, flush=True)
+        return stopped.exit_code
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
 

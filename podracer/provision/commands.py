@@ -8,9 +8,10 @@ the user asked to keep it.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import uuid
 
-from podracer.errors import PodracerError
+from podracer.errors import Interrupted, PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import (
     ApiError,
@@ -19,7 +20,6 @@ from podracer.provision.api import (
     connect,
     is_loopback,
 )
-from podracer.provision.cli import Command
 from podracer.provision.lifecycle import (
     RunFailed,
     Say,
@@ -39,20 +39,14 @@ from podracer.provision.report import (
     where_to_look,
 )
 from podracer.provision.source import DEFAULT_LAUNCHER, default_install_spec, read_launcher
-from podracer.provision.spec import SliceSpec, WorkerLayout
+from podracer.provision.spec import Command, SliceSpec, WorkerLayout
 from podracer.provision.startup import make_startup_script
 
 LAYOUT = WorkerLayout()
 
 
-class Interrupted(PodracerError):
-    """Ctrl-C, reported after the clean-up it triggered."""
-
-    exit_code = 130
-
-
 def execute(command: Command, say: Say) -> int:
-    """Runs `command`; returns the exit status or raises `PodracerError`."""
+    """Runs `command`; returns the exit status or raises `PodracerError` (or `Interrupted`)."""
     if command.dry_run:
         spec = _with_project(command.spec, _project_for_dry_run(command))
         return _dry_run(dataclasses.replace(command, spec=spec), say)
@@ -195,19 +189,21 @@ def _delete_and_describe(api: TpuApi, spec: SliceSpec, say: Say) -> tuple[str, s
 
 
 def _after_cleanup(api: TpuApi, spec: SliceSpec, keep: bool, say: Say,
-                   error: BaseException) -> PodracerError:
-    """Deletes the slice after `error` (unless `keep`); the error to report, one line."""
-    if isinstance(error, KeyboardInterrupt):
-        message, exit_code = "interrupted", Interrupted.exit_code
-    else:
-        message, exit_code = str(error), error.exit_code
+                   error: BaseException) -> PodracerError | Interrupted:
+    """Deletes the slice after `error` (unless `keep`); the error to report, one line.
+
+    A Ctrl-C is reported as `Interrupted` by SIGINT (exit status 130), as a
+    training run stopped by a signal is.
+    """
     if keep:
         outcome = f"TPU {spec.name} kept (--keep); delete it with: {down_command(spec)}"
     else:
         done, failed = _delete_and_describe(api, spec, say)
         outcome = failed or done
-    reported = PodracerError(f"{message}; {outcome}")
-    reported.exit_code = exit_code
+    if isinstance(error, KeyboardInterrupt):
+        return Interrupted(signal.SIGINT, f"interrupted; {outcome}")
+    reported = PodracerError(f"{error}; {outcome}")
+    reported.exit_code = error.exit_code
     return reported
 
 

@@ -7,6 +7,7 @@ arguments and never reads flags or the environment.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 # Software images per TPU generation. A v4 slice needs the v4 image, a v5e slice
 # the v5 lite image, and so on; the wrong one fails late, at boot.
@@ -75,6 +76,21 @@ class Timing:
     @property
     def retry_max_delay(self) -> float:
         return 32 * self.retry_initial_delay
+
+
+@dataclass(frozen=True)
+class Command:
+    """One parsed invocation of the provisioner; `verb` is "run" when none was given."""
+
+    verb: str
+    spec: SliceSpec
+    timing: Timing
+    training_flags: tuple[str, ...] = ()
+    keep: bool = False
+    dry_run: bool = False
+    api_endpoint: str | None = None
+    install_spec: str | None = None
+    launcher: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,16 @@ slots play population members (`es.py`, `es_actor.py`), driven by
 `podracer.sebulba.train_es.train_es`.
 """
 
-from podracer.sebulba.config import DeviceSplit, Layout, SebulbaConfig, make_layout, split_devices
+from podracer.sebulba.config import DeviceSplit, SebulbaConfig, SebulbaLayout, make_layout, split_devices
 from podracer.sebulba.learner import make_learner_step
 from podracer.sebulba.train import train_ppo
 from podracer.sebulba.trajectory import Rollout, TrajectoryBuilder
 
 __all__ = [
     "DeviceSplit",
-    "Layout",
     "Rollout",
     "SebulbaConfig",
+    "SebulbaLayout",
     "TrajectoryBuilder",
     "make_layout",
     "make_learner_step",

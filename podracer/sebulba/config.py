@@ -101,7 +101,7 @@ def share_per_thread(total: int, flag: str, config: SebulbaConfig, split: Device
     return total // threads
 
 
-class Layout(NamedTuple):
+class SebulbaLayout(NamedTuple):
     """Sizes derived from the config and the device split, never written back."""
 
     num_actor_threads: int  # on this process
@@ -111,7 +111,7 @@ class Layout(NamedTuple):
 
 
 def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit,
-                num_processes: int = 1) -> Layout:
+                num_processes: int = 1) -> SebulbaLayout:
     """Sizes for `split` on each of `num_processes` processes (the same split on every one).
 
     `num_envs` is global: the actor threads of every process share it evenly.
@@ -132,4 +132,4 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
             f"--rollout-len={config.rollout_len} does not split into --minibatches="
             f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
     env_batch = per_thread // 2 if config.async_envs else per_thread
-    return Layout(threads, per_thread, env_batch, config.num_envs * config.rollout_len)
+    return SebulbaLayout(threads, per_thread, env_batch, config.num_envs * config.rollout_len)

@@ -31,7 +31,7 @@ from podracer.es.config import ESConfig
 from podracer.sebulba.config import DeviceSplit, SebulbaConfig, share_per_thread
 
 
-class ESLayout(NamedTuple):
+class SebulbaESLayout(NamedTuple):
     """Sizes derived from the configs and the device split, never written back."""
 
     num_actor_threads: int  # in this process
@@ -43,7 +43,7 @@ class ESLayout(NamedTuple):
 
 
 def make_es_layout(config: ESConfig, sebulba: SebulbaConfig, split: DeviceSplit,
-                   num_processes: int = 1) -> ESLayout:
+                   num_processes: int = 1) -> SebulbaESLayout:
     """Check the settings against the device split and derive every thread's slots.
 
     Every process has the same split (`split`, this process's) and threads; the
@@ -61,7 +61,7 @@ def make_es_layout(config: ESConfig, sebulba: SebulbaConfig, split: DeviceSplit,
     threads = local_threads * num_processes
     member_slots = members * config.episodes_per_member
     eval_slots = -(-config.eval_episodes // threads)
-    return ESLayout(local_threads, num_processes, members, member_slots, eval_slots,
+    return SebulbaESLayout(local_threads, num_processes, members, member_slots, eval_slots,
                     member_slots + eval_slots)
 
 
@@ -70,17 +70,17 @@ def generation_key(key: jax.Array, generation: int) -> jax.Array:
     return jax.random.fold_in(key, generation)
 
 
-def global_thread(actor_id: int, layout: ESLayout, process_index: int) -> int:
+def global_thread(actor_id: int, layout: SebulbaESLayout, process_index: int) -> int:
     """The number, over every process, of this process's actor thread `actor_id`."""
     return process_index * layout.num_actor_threads + actor_id
 
 
-def thread_members(actor_id: int, layout: ESLayout) -> np.ndarray:
+def thread_members(actor_id: int, layout: SebulbaESLayout) -> np.ndarray:
     """Global indices of the members that actor thread `actor_id` (numbered over every process) evaluates."""
     return actor_id * layout.members_per_thread + np.arange(layout.members_per_thread, dtype=np.int32)
 
 
-def make_slot_params(strategy: es.Strategy, unravel: Callable, layout: ESLayout,
+def make_slot_params(strategy: es.Strategy, unravel: Callable, layout: SebulbaESLayout,
                      episodes_per_member: int) -> Callable:
     """Jitted `slot_params(state, key, members) -> params` with a leading `[slots]` axis.
 
@@ -104,7 +104,7 @@ def make_slot_act(apply_fn: Callable, normalize: bool) -> Callable:
 
     Slot `i` acts with its own parameters `params[i]` on `obs[i]` (`jax.vmap`
     over the slots; `apply_fn(params, obs)` is the unbatched deterministic
-    policy). With `normalize` (ARS V2) the policy reads `es.normalize(obs_stats,
+    policy). With `normalize` (ARS V2) the policy reads `es.ars_normalize(obs_stats,
     obs)` and the raw observations where `counted` are merged into `seen`, the
     generation's statistics; otherwise `obs_stats`, `counted` and `seen` pass
     through unused.
@@ -115,13 +115,13 @@ def make_slot_act(apply_fn: Callable, normalize: bool) -> Callable:
         if normalize:
             flat = obs.reshape(obs.shape[0], -1)
             seen = es.merge_stats(seen, es.observation_stats(flat, counted))
-            obs = es.normalize(obs_stats, flat).reshape(obs.shape)
+            obs = es.ars_normalize(obs_stats, flat).reshape(obs.shape)
         return jax.vmap(apply_fn)(params, obs), seen
 
     return jax.jit(act)
 
 
-def member_fitness(slot_returns: np.ndarray, layout: ESLayout, episodes_per_member: int) -> np.ndarray:
+def member_fitness(slot_returns: np.ndarray, layout: SebulbaESLayout, episodes_per_member: int) -> np.ndarray:
     """`[members_per_thread]` fitness: the mean return of each member's episodes, in member order."""
     member_returns = slot_returns[: layout.member_slots]
     return member_returns.reshape(layout.members_per_thread, episodes_per_member).mean(axis=1)

@@ -19,7 +19,7 @@ from podracer import es
 from podracer.sebulba.actor import put_until_stopped
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, EnvStep
-from podracer.sebulba.es import ESLayout, generation_key, member_fitness, thread_members
+from podracer.sebulba.es import SebulbaESLayout, generation_key, member_fitness, thread_members
 from podracer.sebulba.params import ParamsStore
 from podracer.session.timing import Timings
 
@@ -116,7 +116,7 @@ class ESActor(NamedTuple):
 
     actor_id: int  # numbered over every process: it says which members the thread plays
     envs: EnvPoolEnvs  # one slot per member episode and evaluation episode; closed at the end
-    layout: ESLayout
+    layout: SebulbaESLayout
     episodes_per_member: int
     device: jax.Device
     slot_params: Callable  # `make_slot_params`

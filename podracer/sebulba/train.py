@@ -31,7 +31,7 @@ from podracer.ppo import init_train_state
 from podracer.ppo.config import PPO_FIX
 from podracer.protocol import parallel
 from podracer.sebulba.actor import Actor, ActorSettings, make_policy_step, run_actor
-from podracer.sebulba.config import DeviceSplit, Layout, make_layout, split_devices
+from podracer.sebulba.config import DeviceSplit, SebulbaLayout, make_layout, split_devices
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.learner import Learning, make_learner_step, run_learner, trajectory_shapes
@@ -46,7 +46,7 @@ class Setup(NamedTuple):
 
     spec: Any
     split: DeviceSplit
-    layout: Layout
+    layout: SebulbaLayout
     num_updates: int
     network: Any
     mesh: Any  # the learner devices of every process

@@ -36,7 +36,7 @@ from podracer.protocol import parallel
 from podracer.sebulba.config import DeviceSplit, split_devices
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
-from podracer.sebulba.es import (ESLayout, global_thread, make_es_layout, make_es_learner_step,
+from podracer.sebulba.es import (SebulbaESLayout, global_thread, make_es_layout, make_es_learner_step,
                                  make_slot_act, make_slot_params)
 from podracer.sebulba.es_actor import ESActor, SearchPolicy, run_es_actor
 from podracer.sebulba.es_learner import ESLearning, GenerationLog, Progress, learner_inputs, run_es_learner
@@ -51,7 +51,7 @@ class ESSetup(NamedTuple):
 
     spec: Any
     split: DeviceSplit
-    layout: ESLayout
+    layout: SebulbaESLayout
     mesh: Any  # the learner devices of every process
     state: Any  # the strategy state, replicated over the learner mesh
     obs_stats: es.RunningStats  # likewise

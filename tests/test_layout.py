@@ -1,0 +1,147 @@
+"""The package's shape, read statically: no import cycles, no module past 400 lines.
+
+Both checks parse the source with `ast` and import nothing, so they are fast
+and see imports inside functions too: a cycle closed by a lazy import still
+ties the two modules together.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "podracer"
+
+# Edges that close a cycle someone is removing; each names the import to drop.
+# podracer/evaluate.py imports `parse_section` from the CLI that dispatches to
+# it (orchestrate/cli.py imports podracer.evaluate in `main`): the CLI may use
+# evaluate, not the other way round. Delete the entry with the import.
+KNOWN_CYCLE_EDGES = {("podracer.evaluate", "podracer.orchestrate.cli")}
+
+MAX_LINES = 400
+# Modules past MAX_LINES that are being split. Delete an entry once it is short.
+KNOWN_LONG_MODULES = {"podracer/orchestrate/cli.py"}
+
+
+def _module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    modules = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imported_names(module: str, path: Path) -> list[tuple[str, int]]:
+    """(dotted name, line) of every import in the file, at module level or inside functions.
+
+    `from a.b import c` yields `a.b.c`: `c` may be a submodule or a name in
+    `a.b`; `_defining_module` tells which.
+    """
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: climb from this module's package
+                package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}" if base else package
+            names += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return names
+
+
+def _defining_module(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of `name` that is a module of the package, if any."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(root: Path = ROOT) -> dict[tuple[str, str], list[str]]:
+    """Edges (importer, imported) between the package's modules -> where ("path:line").
+
+    Importing `a.b.c` is an edge to `a.b.c` only: the parent packages run too,
+    but they only re-export, and counting them would tie every submodule to its
+    package's `__init__`.
+    """
+    modules = _module_files(root)
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, path in modules.items():
+        for name, line in _imported_names(module, path):
+            if name.split(".")[0] != PACKAGE:
+                continue
+            target = _defining_module(name, modules)
+            if target and target != module:
+                where = edges.setdefault((module, target), [])
+                if f"{path.relative_to(root)}:{line}" not in where:  # one per statement
+                    where.append(f"{path.relative_to(root)}:{line}")
+    return edges
+
+
+def _reachable(start: str, successors: dict[str, set[str]]) -> set[str]:
+    seen, stack = {start}, [start]
+    while stack:
+        for nxt in successors.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def strongly_connected(edges) -> list[set[str]]:
+    """The components of two or more modules that each reach every other: the cycles.
+
+    By definition rather than Tarjan's algorithm: the graph has about a hundred
+    nodes, and `reach(v) & reached_by(v)` is easy to check by eye.
+    """
+    forward: dict[str, set[str]] = {}
+    backward: dict[str, set[str]] = {}
+    for a, b in edges:
+        forward.setdefault(a, set()).add(b)
+        backward.setdefault(b, set()).add(a)
+    components, placed = [], set()
+    for node in sorted(forward):
+        if node in placed:
+            continue
+        component = _reachable(node, forward) & _reachable(node, backward)
+        placed |= component
+        if len(component) > 1:
+            components.append(component)
+    return components
+
+
+def _describe(component: set[str], edges) -> str:
+    lines = [" <-> ".join(sorted(component))]
+    for (a, b), where in sorted(edges.items()):
+        if a in component and b in component:
+            lines.append(f"    {a} -> {b}  ({', '.join(where)})")
+    return "\n".join(lines)
+
+
+def test_no_import_cycles():
+    edges = import_graph()
+    assert edges, "no imports found: is ROOT the repository?"
+    known = {edge: where for edge, where in edges.items() if edge in KNOWN_CYCLE_EDGES}
+    cycles = strongly_connected({e: w for e, w in edges.items() if e not in known})
+    assert not cycles, "import cycles (break each by moving what both need into a module both " \
+        "import, or by turning one import round):\n" + "\n".join(_describe(c, edges) for c in cycles)
+
+    # An allowlisted edge that closes no cycle any more must leave the allowlist.
+    components = strongly_connected(edges)
+    stale = sorted((a, b) for a, b in KNOWN_CYCLE_EDGES if not any({a, b} <= c for c in components))
+    assert not stale, f"{stale} no longer close a cycle; delete them from KNOWN_CYCLE_EDGES"
+
+
+def test_no_module_over_400_lines():
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+               for path in _module_files().values()}
+    long = {path: n for path, n in sorted(lengths.items()) if n > MAX_LINES}
+    unexpected = {path: n for path, n in long.items() if path not in KNOWN_LONG_MODULES}
+    assert not unexpected, (f"modules over {MAX_LINES} lines (split each by responsibility): "
+                            f"{unexpected}")
+    stale = sorted(KNOWN_LONG_MODULES - set(long))
+    assert not stale, f"{stale} are {MAX_LINES} lines or fewer now; delete them from KNOWN_LONG_MODULES"
