@@ -81,8 +81,7 @@ def _record_round(writer: DatasetWriter, envs, act, params, key: jax.Array) -> l
 
     env_ids = np.arange(envs.num_envs, dtype=np.int32)
     envs.start()
-    # Copies: `obs` is recorded after the next `recv`, which may reuse envpool's buffers.
-    obs = np.array(in_slot_order(envs.recv()).obs)  # the first observations (reset steps)
+    obs = in_slot_order(envs.recv()).obs  # the first observations (reset steps)
     recording = np.ones(envs.num_envs, bool)
     totals = np.zeros(envs.num_envs, np.float64)
     returns = []
@@ -101,6 +100,6 @@ def _record_round(writer: DatasetWriter, envs, act, params, key: jax.Array) -> l
                 writer.end_episode(step.obs[i], bool(step.terminated[i]), stream=i)
                 returns.append(float(totals[i]))
                 recording[i] = False
-        obs = np.array(step.obs)
+        obs = step.obs  # envpool returns new arrays on every `recv`: this one outlives the next
         t += 1
     return returns
