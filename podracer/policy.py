@@ -76,30 +76,47 @@ def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], determinis
     return act
 
 
-def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -> Callable:
-    """The ES search distribution's mean, acting as it was evaluated (deterministically)."""
+def make_es_act(es_config, net, spec) -> Callable:
+    """`act(mean, obs_stats, obs) -> actions`: an ES policy acting as it was evaluated.
+
+    `mean` is a flat parameter vector of `make_policy_network` (the search
+    distribution's mean, or any member), `obs` a batch [B, ...] as the run's
+    environment yields it. ARS V2 (`es_config.normalize_observations`) reads the
+    observations through `es.ars_normalize(obs_stats, .)`; the other variants ignore
+    `obs_stats`. The policy is deterministic: it takes no key.
+    """
     from jax.flatten_util import ravel_pytree
 
     from podracer import es
-    from podracer.es.config import ESConfig
     from podracer.networks import make_policy_network
 
-    es_config = ESConfig(**configs["es"])
-    net = _network_config(configs)
     policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
                                  net.activation)
     # Only the structure matters: the mean's values replace these.
-    like = policy.init(jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
-    params = ravel_pytree(like)[1](jnp.asarray(mean))
-    stats = _stats(obs_stats)
+    shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
+    unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))[1]
+
+    def act(mean: jax.Array, obs_stats, obs: jax.Array) -> jax.Array:
+        params = unravel(mean)
+        if es_config.normalize_observations:
+            flat = obs.reshape(obs.shape[0], -1)
+            obs = es.ars_normalize(obs_stats, flat).reshape(obs.shape)
+        return jax.vmap(lambda o: policy.apply(params, o))(obs)
+
+    return act
+
+
+def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -> Callable:
+    """The ES search distribution's mean, acting as it was evaluated (deterministically)."""
+    from podracer.es.config import ESConfig
+
+    es_act = make_es_act(ESConfig(**configs["es"]), _network_config(configs), spec)
+    mean, stats = jnp.asarray(mean), _stats(obs_stats)
 
     def act(obs: jax.Array, key: jax.Array) -> jax.Array:
         """Actions for a batch of observations [B, ...]; `key` is unused (ES policies are deterministic)."""
         del key
-        if es_config.normalize_observations:
-            flat = obs.reshape(obs.shape[0], -1)
-            obs = es.ars_normalize(stats, flat).reshape(obs.shape)
-        return jax.vmap(lambda o: policy.apply(params, o))(obs)
+        return es_act(mean, stats, obs)
 
     return act
 

@@ -221,10 +221,13 @@ def test_unusable_datasets_get_one_line_errors(tmp_path):
     _assert_one_line_error(lambda: data.load_episodes(str(tmp_path / "empty")),
                            "no tensorflow-datasets dataset")
 
+    def demos(data_dir):
+        return load_demonstrations(data_dir, cartpole.spec, cartpole.env_id, 0.99)
+
     # Mis-shaped: three-number observations where CartPole has four.
     with data.DatasetWriter(str(tmp_path / "three"), SPEC) as writer:
         writer.add_episode(_episode(np.random.default_rng(5), 4, terminated=True))
-    _assert_one_line_error(lambda: load_demonstrations(str(tmp_path / "three"), cartpole, 0.99),
+    _assert_one_line_error(lambda: demos(str(tmp_path / "three")),
                            "steps/observation", "(3,)", "(4,)", "CartPole-v1")
 
     # Missing: an RLDS dataset with no actions.
@@ -233,7 +236,7 @@ def test_unusable_datasets_get_one_line_errors(tmp_path):
         "is_first": tfds.features.Scalar(dtype=np.bool_), "is_last": tfds.features.Scalar(dtype=np.bool_)},
         [{"steps": {"observation": np.zeros((2, 4), np.float32), "is_first": [True, False],
                     "is_last": [False, True]}}])
-    _assert_one_line_error(lambda: load_demonstrations(str(tmp_path / "no_action"), cartpole, 0.99),
+    _assert_one_line_error(lambda: demos(str(tmp_path / "no_action")),
                            "no steps/action field", "behaviour cloning")
 
     # Not RLDS-shaped at all: no sequence of steps.
@@ -255,10 +258,10 @@ def test_unusable_datasets_get_one_line_errors(tmp_path):
     steps["action"] = np.array([0, 5, 1, 0])
     with data.DatasetWriter(str(tmp_path / "range"), spec4) as writer:
         writer.add_episode(steps)
-    _assert_one_line_error(lambda: load_demonstrations(str(tmp_path / "range"), cartpole, 0.99), "0..1")
+    _assert_one_line_error(lambda: demos(str(tmp_path / "range")), "0..1")
     with data.DatasetWriter(str(tmp_path / "float"), data.step_spec((4,), np.float32, (), np.float32)) as w:
         w.add_episode({**steps, "action": np.zeros(4, np.float32)})
-    _assert_one_line_error(lambda: load_demonstrations(str(tmp_path / "float"), cartpole, 0.99), "integer")
+    _assert_one_line_error(lambda: demos(str(tmp_path / "float")), "integer")
 
     # Records that do not match features.json (files from another spec).
     (tmp_path / "three" / "features.json").write_text((tmp_path / "range" / "features.json").read_text())

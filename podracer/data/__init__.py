@@ -17,7 +17,8 @@ from podracer.data.episodes import (EpisodeBatch, demonstrations, pad_episodes, 
 from podracer.data.reader import (check_fields, dataset_metadata, describe_steps, find_dataset_dir,
                                   iter_episodes, load_episodes, load_windows, open_dataset,
                                   read_episodes)
-from podracer.data.record import make_recorder, policy_act_fn
+from podracer.data.record import Policy, es_policy, make_recorder, policy_act_fn, ppo_policy
+from podracer.data.record_envpool import record_envpool
 from podracer.data.spec import (EPISODE_METADATA, RLDS_STEP_FIELDS, FieldSpec, step_spec,
                                 step_spec_for_env)
 from podracer.data.writer import DatasetWriter
@@ -28,11 +29,13 @@ __all__ = [
     "EPISODE_METADATA",
     "EpisodeBatch",
     "FieldSpec",
+    "Policy",
     "RLDS_STEP_FIELDS",
     "check_fields",
     "dataset_metadata",
     "demonstrations",
     "describe_steps",
+    "es_policy",
     "find_dataset_dir",
     "iter_episodes",
     "load_episodes",
@@ -41,7 +44,9 @@ __all__ = [
     "open_dataset",
     "pad_episodes",
     "policy_act_fn",
+    "ppo_policy",
     "read_episodes",
+    "record_envpool",
     "returns_to_go",
     "step_spec",
     "step_spec_for_env",

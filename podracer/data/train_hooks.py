@@ -1,10 +1,24 @@
-"""What `--init-from-dataset` and `--record-dataset` do around an Anakin PPO run.
+"""What `--init-from-dataset` and `--record-dataset` do around a training run, for every pair.
 
-`train_ppo` calls three functions, each a no-op when its flag is not given:
-`check_data_config` before anything is built, `warm_start` on the freshly
-initialised runner of a run that is not resuming (its params become the
-behaviour-cloned ones; every process clones the same), and, in process 0 only,
-`record_trained_policy` on the final train state.
+A run session calls three functions, each a no-op when its flag is not given:
+
+- `check_data_config(data, writes)` before anything is built;
+- PPO only, on a run that is not resuming: `warm_start_state` on the freshly
+  initialised `TrainState` (Anakin's `runner.train`, Sebulba's learner state;
+  replicated on any sharding): its params and observation statistics become the
+  behaviour-cloned ones, the same in every process;
+- in process 0 only, `record_policy` on the final policy, built by `ppo_policy`
+  (a PPO `TrainState`) or `es_policy` (an ES search distribution's mean). It
+  plays gymnax episodes for `arch="anakin"` (`make_recorder`) and envpool ones
+  for `arch="sebulba"` (`record_envpool`).
+
+    state, cloned = warm_start_state(state, data, spec, run.env, network, ppo_config, run.seed)
+    policy = ppo_policy(state, network.apply, ppo_config, data.record_deterministic)
+    policy = es_policy(strategy_mean, obs_stats, es_config, network_config, spec)
+    recorded = record_policy(data, arch, run.env, policy, run.seed)
+
+`warm_start` and `record_trained_policy` are the same for the Anakin PPO driver's
+older calls.
 """
 
 from __future__ import annotations
@@ -21,11 +35,13 @@ from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
 from podracer.data.episodes import demonstrations, unpad_episodes
 from podracer.data.reader import find_dataset_dir, load_episodes
-from podracer.data.record import make_recorder, policy_act_fn
+from podracer.data.record import Policy, make_recorder, ppo_policy
+from podracer.data.record_envpool import record_envpool
 from podracer.data.spec import ACTION, IS_LAST, OBSERVATION, STEPS, import_tfds, step_spec_for_env
 from podracer.data.writer import DatasetWriter, check_new_dataset_dir
 from podracer.errors import PodracerError
 from podracer.normalize import init_running_stats, update_stats
+from podracer.policy import env_spec_of
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.types import TrainState
 from podracer.version import __version__
@@ -45,11 +61,11 @@ def check_data_config(data: DataConfig, writes: bool = True) -> None:
         find_dataset_dir(data.init_from_dataset)
 
 
-def load_demonstrations(data_dir: str, env, gamma: float) -> Demonstrations:
-    """Every acting step of the dataset, checked against `env`'s spaces (one-line errors)."""
-    spec = env.spec
+def load_demonstrations(data_dir: str, spec, env_id: str, gamma: float) -> Demonstrations:
+    """Every acting step of the dataset, checked against the spaces of `spec` (an `EnvSpec`,
+    of environment `env_id`) with one-line errors."""
     action_shape = () if spec.discrete else (spec.action_dim,)
-    purpose = f"behaviour cloning on {env.env_id}"
+    purpose = f"behaviour cloning on {env_id}"
     batch = load_episodes(data_dir, requirements={OBSERVATION: spec.obs_shape, ACTION: action_shape,
                                                   IS_LAST: ()}, purpose=purpose)
     demos = demonstrations(batch, gamma)
@@ -88,30 +104,35 @@ def behaviour_clone(apply_fn, params, demos: Demonstrations, config: BCConfig, l
     return state, {name: float(values[-1]) for name, values in jax.device_get(metrics).items()}
 
 
-def warm_start(runner, data: DataConfig, env, network, ppo_config: PPOConfig, seed: int):
-    """Replace the runner's initial params (and observation statistics) by cloned ones.
+def warm_start_state(train: TrainState, data: DataConfig, spec, env_id: str, network,
+                     ppo_config: PPOConfig, seed: int) -> tuple[TrainState, dict]:
+    """Replace a PPO train state's initial params (and observation statistics) by cloned ones.
 
-    Returns `(runner, summary)`; the PPO optimiser state is kept as initialised.
+    `train` may be placed on any sharding (replicated, as Anakin's runner and
+    Sebulba's learner hold it, on one process or several); the result is placed
+    the same way. `spec` is the run's `EnvSpec` (gymnax or envpool), `network`
+    the PPO actor-critic. Returns `(train, summary)`; the PPO optimiser state is
+    kept as initialised.
     """
     if not data.init_from_dataset:
-        return runner, {}
+        return train, {}
     start = time.perf_counter()
-    demos = load_demonstrations(data.init_from_dataset, env, ppo_config.gamma)
+    demos = load_demonstrations(data.init_from_dataset, spec, env_id, ppo_config.gamma)
     config = BCConfig(batch_size=data.bc_batch_size, value_coef=data.bc_value_coef,
                       normalize_observations=ppo_config.normalize_observations)
-    initial = parallel.to_host(runner.train)
+    initial = parallel.to_host(train.params)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xBC)
-    cloned, metrics = behaviour_clone(network.apply, initial.params, demos, config, data.bc_lr,
+    cloned, metrics = behaviour_clone(network.apply, initial, demos, config, data.bc_lr,
                                       data.bc_steps, key)
-    # Every process cloned the same values; place them as the runner's replicated ones.
+
+    # Every process cloned the same values; place them as the state's replicated ones.
     def place(new, old):
         new = np.asarray(new)
         return jax.make_array_from_callback(old.shape, old.sharding, lambda index: new[index])
 
-    train = runner.train._replace(
-        params=jax.tree.map(place, cloned.params, runner.train.params),
-        obs_stats=jax.tree.map(place, cloned.obs_stats, runner.train.obs_stats))
-    return runner._replace(train=train), {
+    train = train._replace(params=jax.tree.map(place, cloned.params, train.params),
+                           obs_stats=jax.tree.map(place, cloned.obs_stats, train.obs_stats))
+    return train, {
         "bc_steps": data.bc_steps,
         "bc_demonstrations": int(len(demos.action)),
         "bc_log_likelihood": metrics["log_likelihood"],
@@ -119,24 +140,56 @@ def warm_start(runner, data: DataConfig, env, network, ppo_config: PPOConfig, se
     }
 
 
-def record_trained_policy(train: TrainState, data: DataConfig, env, network, ppo_config: PPOConfig,
-                          seed: int) -> dict:
-    """Record `data.record_episodes` episodes of the policy in `train` into `data.record_dataset`."""
+def warm_start(runner, data: DataConfig, env, network, ppo_config: PPOConfig, seed: int):
+    """`warm_start_state` on an Anakin runner's `train`; returns `(runner, summary)`."""
+    train, summary = warm_start_state(runner.train, data, env.spec, env.env_id, network, ppo_config,
+                                      seed)
+    return runner._replace(train=train), summary
+
+
+def record_policy(data: DataConfig, arch: str, env_id: str, policy: Policy, seed: int) -> dict:
+    """Record `data.record_episodes` episodes of `policy` into the new `data.record_dataset`.
+
+    `arch` picks the environments the run trained on: "anakin" plays gymnax's
+    `env_id` (jitted `make_recorder`), "sebulba" envpool's (`record_envpool`).
+    Returns the summary's `dataset_dir`, `dataset_episodes`, `dataset_return_mean`.
+    """
     if not data.record_dataset:
         return {}
-    state = parallel.to_host(train)
-    act_fn = policy_act_fn(network.apply, ppo_config, data.record_deterministic)
-    chunk = min(data.record_episodes, RECORD_CHUNK)
-    record = jax.jit(make_recorder(env, act_fn, chunk))
+    if arch not in ("anakin", "sebulba"):
+        raise ValueError(f"arch must be 'anakin' or 'sebulba', got {arch!r}")
+    spec = env_spec_of(arch, env_id)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 0xDA7A)
-    metadata = {"env": env.env_id, "policy": "ppo", "deterministic": data.record_deterministic,
+    metadata = {"env": env_id, "policy": policy.name, "deterministic": policy.deterministic,
                 "seed": seed, "podracer_version": __version__}
-    returns = []
-    with DatasetWriter(data.record_dataset, step_spec_for_env(env.spec), metadata=metadata) as writer:
-        for call in range(math.ceil(data.record_episodes / chunk)):
-            episodes = unpad_episodes(record(state, jax.random.fold_in(key, call)))
-            for episode in episodes[: data.record_episodes - writer.num_episodes]:
-                writer.add_episode(episode[STEPS])
-                returns.append(float(episode["episode_return"]))
+    with DatasetWriter(data.record_dataset, step_spec_for_env(spec), metadata=metadata) as writer:
+        if arch == "anakin":
+            returns = _record_gymnax(writer, env_id, policy, data.record_episodes, key)
+        else:
+            returns = record_envpool(writer, env_id, policy, data.record_episodes, seed, key)
     return {"dataset_dir": data.record_dataset, "dataset_episodes": len(returns),
             "dataset_return_mean": float(np.mean(returns))}
+
+
+def _record_gymnax(writer: DatasetWriter, env_id: str, policy: Policy, num_episodes: int,
+                   key: jax.Array) -> list[float]:
+    """`num_episodes` episodes in jitted chunks of `make_recorder`; returns their returns."""
+    from podracer.anakin.env import make_env
+
+    params = parallel.to_host(policy.params)
+    chunk = min(num_episodes, RECORD_CHUNK)
+    record = jax.jit(make_recorder(make_env(env_id), policy.act_fn, chunk))
+    returns = []
+    for call in range(math.ceil(num_episodes / chunk)):
+        episodes = unpad_episodes(record(params, jax.random.fold_in(key, call)))
+        for episode in episodes[: num_episodes - writer.num_episodes]:
+            writer.add_episode(episode[STEPS])
+            returns.append(float(episode["episode_return"]))
+    return returns
+
+
+def record_trained_policy(train: TrainState, data: DataConfig, env, network, ppo_config: PPOConfig,
+                          seed: int) -> dict:
+    """`record_policy` of an Anakin PPO train state's policy."""
+    return record_policy(data, "anakin", env.env_id,
+                         ppo_policy(train, network.apply, ppo_config, data.record_deterministic), seed)
