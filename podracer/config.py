@@ -24,19 +24,26 @@ ALGOS = ("ppo", "es")
 USES: dict[tuple[str, str], tuple[str, ...]] = {
     ("anakin", "ppo"): ("run", "ppo", "anakin", "optimizer", "network", "checkpoint", "distributed",
                         "logging", "data"),
-    ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging"),
+    ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging", "data"),
     ("sebulba", "ppo"): ("run", "ppo", "sebulba", "optimizer", "network", "checkpoint", "distributed",
-                         "logging"),
-    ("sebulba", "es"): ("run", "es", "sebulba", "network", "checkpoint", "distributed", "logging"),
+                         "logging", "data"),
+    ("sebulba", "es"): ("run", "es", "sebulba", "network", "checkpoint", "distributed", "logging",
+                        "data"),
 }
+# Behaviour cloning fits a PPO actor-critic; an ES run starts from its own initial mean.
+_NO_CLONING = {name: "behaviour cloning trains a PPO policy; ES starts from its own mean"
+               for name in ("init_from_dataset", "bc_steps", "bc_batch_size", "bc_lr", "bc_value_coef")}
+_ES_DATA = {**_NO_CLONING,
+            "record_deterministic": "an ES policy acts deterministically: its datasets already are"}
 IGNORES: dict[tuple[str, str], dict[str, str]] = {
     # field -> why, for fields of a section the pair reads that it has no use for
+    ("anakin", "es"): _ES_DATA,
     ("sebulba", "es"): {
         "num_envs": "the population sets the environments (one per member episode)",
         "rollout_len": "members play whole episodes",
         "async_envs": "members play whole episodes", "synchronous": "generations run in lock step",
         "generations_per_call": "actors and learner meet every generation",
-        "horizon": "envpool ends episodes at its own time limit"},
+        "horizon": "envpool ends episodes at its own time limit", **_ES_DATA},
 }
 
 

@@ -2,7 +2,6 @@
 physically continuous episodes of the policy it is given (gymnax for Anakin, envpool for
 Sebulba), and `warm_start_state` clones a dataset into a PPO train state on any sharding."""
 
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ from podracer.anakin.env import make_env
 from podracer.bc import BCConfig
 from podracer.config import NetworkConfig
 from podracer.data.train_hooks import (behaviour_clone, load_demonstrations, record_policy,
-                                       record_trained_policy, warm_start, warm_start_state)
+                                       warm_start_state)
 from podracer.es.config import ESConfig
 from podracer.networks import init_params, make_network, make_policy_network
 from podracer.normalize import RunningStats
@@ -143,8 +142,8 @@ def test_sebulba_ppo_records_envpool_episodes(tmp_path):
     # Sharper logits and statistics that matter: actions depend on the observation.
     state = state._replace(
         params=jax.tree.map(lambda p: 4.0 * p, state.params),
-        obs_stats=RunningStats(jnp.array([0.0, 0.1, 0.01, -0.1]), jnp.array([0.2, 0.5, 0.01, 0.3]),
-                               jnp.float32(100.0)))
+        obs_stats=RunningStats(jnp.float32(100.0), jnp.array([0.0, 0.1, 0.01, -0.1]),
+                               100.0 * jnp.array([0.2, 0.5, 0.01, 0.3])))  # variances 0.2 .. 0.3
     config = ppo.PPOConfig(normalize_observations=True)
     for deterministic in (True, False):
         name = f"ppo-{deterministic}"
@@ -205,10 +204,6 @@ def test_sebulba_ppo_warm_start_clones_an_expert(tmp_path):
     assert same is state and nothing == {}
 
 
-class _Runner(NamedTuple):
-    train: object
-
-
 def test_anakin_ppo_hooks_are_the_old_code_paths(tmp_path):
     """Recording and warm start on Anakin give what the Anakin PPO driver's calls gave."""
     env = make_env("CartPole-v1")
@@ -218,30 +213,25 @@ def test_anakin_ppo_hooks_are_the_old_code_paths(tmp_path):
     dc = data.DataConfig(record_dataset=str(tmp_path / "new"), record_episodes=5,
                          init_from_dataset=str(tmp_path / "new"), bc_steps=30, bc_batch_size=32)
     record_policy(dc, "anakin", "CartPole-v1", data.ppo_policy(state, network.apply, config), seed=7)
-    record_trained_policy(state, data.DataConfig(record_dataset=str(tmp_path / "driver"),
-                                                 record_episodes=5), env, network, config, 7)
     # The old recording: one jitted chunk of `make_recorder` on the documented key.
     record = jax.jit(data.make_recorder(env, data.policy_act_fn(network.apply, config), 5))
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(7), 0xDA7A), 0)
     old = jax.device_get(record(parallel.to_host(state), key))
     width = int(old.mask.sum(axis=1).max())
-    for name in ("new", "driver"):
-        got = data.load_episodes(str(tmp_path / name))
-        np.testing.assert_array_equal(got.mask, old.mask[:, :width])
-        for field, value in got.steps.items():
-            np.testing.assert_array_equal(value, np.asarray(old.steps[field])[:, :width], err_msg=field)
+    got = data.load_episodes(str(tmp_path / "new"))
+    np.testing.assert_array_equal(got.mask, old.mask[:, :width])
+    for field, value in got.steps.items():
+        np.testing.assert_array_equal(value, np.asarray(old.steps[field])[:, :width], err_msg=field)
 
     # The old warm start: behaviour cloning from the initial params on the documented key.
     cloned, summary = warm_start_state(state, dc, env.spec, "CartPole-v1", network, config, seed=7)
-    runner, driver_summary = warm_start(_Runner(state), dc, env, network, config, 7)
     demos = load_demonstrations(str(tmp_path / "new"), env.spec, "CartPole-v1", config.gamma)
     old_state, metrics = behaviour_clone(
         network.apply, jax.device_get(state.params), demos,
         BCConfig(batch_size=32, value_coef=dc.bc_value_coef, normalize_observations=True), dc.bc_lr,
         30, jax.random.fold_in(jax.random.PRNGKey(7), 0xBC))
     expected = jax.tree.leaves((old_state.params, old_state.obs_stats))
-    for got in (cloned, runner.train):
-        assert got.opt_state is state.opt_state and got.step is state.step
-        for new, old in zip(jax.tree.leaves((got.params, got.obs_stats)), expected, strict=True):
-            np.testing.assert_array_equal(new, old)
-    assert summary["bc_log_likelihood"] == driver_summary["bc_log_likelihood"] == metrics["log_likelihood"]
+    assert cloned.opt_state is state.opt_state and cloned.step is state.step
+    for new, old in zip(jax.tree.leaves((cloned.params, cloned.obs_stats)), expected, strict=True):
+        np.testing.assert_array_equal(new, old)
+    assert summary["bc_log_likelihood"] == metrics["log_likelihood"]

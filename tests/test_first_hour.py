@@ -45,7 +45,7 @@ def test_a_mistake_says_what_to_do_and_creates_nothing(args, fragment, tmp_path)
 
 
 def _numeric_fields():
-    from podracer.orchestrate.cli import SECTIONS
+    from podracer.orchestrate.parse import SECTIONS
 
     for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
@@ -75,7 +75,8 @@ def test_every_numeric_setting_declares_its_range():
                                            if f.name not in UNBOUNDED])
 def test_a_value_outside_its_range_is_refused(section, name, capsys):
     from podracer.bounds import bound_of
-    from podracer.orchestrate.cli import SECTIONS, main
+    from podracer.orchestrate.cli import main
+    from podracer.orchestrate.parse import SECTIONS
 
     field = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
     bound = bound_of(field)
@@ -113,7 +114,8 @@ def test_wandb_without_the_package_fails_before_compiling(tmp_path):
                                     ("sebulba", "ppo", "Pong-v5"), ("anakin", "es", "Pendulum-v1"),
                                     ("sebulba", "es", "CartPole-v1")])
 def test_print_config_is_the_preset_over_the_defaults(triple, capsys):
-    from podracer.orchestrate.cli import SECTIONS, main
+    from podracer.orchestrate.cli import main
+    from podracer.orchestrate.parse import SECTIONS
     from podracer.config import USES
     from podracer.presets import preset_for
 

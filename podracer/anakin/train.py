@@ -19,7 +19,7 @@ from podracer.anakin.env import make_env
 from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
-from podracer.data.train_hooks import record_trained_policy, warm_start
+from podracer.data.record import ppo_policy
 from podracer.networks import make_network
 from podracer.ppo.config import PPO_FIX
 from podracer.protocol import parallel
@@ -76,9 +76,8 @@ def train_ppo(configs: dict[str, Any], devices=None):
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
-    cloned = {}
-    if not session.resuming and session.data.init_from_dataset:  # a resumed run continues from its checkpoint, never from the dataset
-        runner, cloned = warm_start(runner, session.data, built.env, built.network, ppo_config, run.seed)
+    runner = runner._replace(train=session.warm_start(runner.train, built.env.spec, built.network,
+                                                      ppo_config))
     compile_start = time.perf_counter()
     if session.profiler:
         train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
@@ -103,8 +102,8 @@ def train_ppo(configs: dict[str, Any], devices=None):
         episode_return_mean=session.logger.last_return,
         fingerprint_of=outcome.runner.train.params,
         devices={"devices": built.layout.num_devices},
-        extra={"updates": outcome.calls * updates_per_call, **cloned},
+        extra={"updates": outcome.calls * updates_per_call},
         stopped=outcome.stopped,
-        record=lambda: record_trained_policy(outcome.runner.train, session.data, built.env,
-                                             built.network, ppo_config, run.seed))
+        policy=lambda: ppo_policy(outcome.runner.train, built.network.apply, ppo_config,
+                                  session.data.record_deterministic))
     return summary, outcome.runner

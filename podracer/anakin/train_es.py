@@ -15,6 +15,7 @@ import jax
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
+from podracer.data.record import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.es.metrics import ES_FIX, es_row
 from podracer.networks import make_policy_network
@@ -97,5 +98,7 @@ def train_es(configs: dict[str, Any], devices=None):
             "horizon": built.layout.horizon,
             "num_params": int(strategy.mean.shape[0]),
         },
-        stopped=outcome.stopped)
+        stopped=outcome.stopped,
+        policy=lambda: es_policy(strategy.mean, outcome.runner.obs_stats, es_config, configs["network"],
+                                 built.env.spec))
     return summary, outcome.runner

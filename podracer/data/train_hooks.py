@@ -17,8 +17,7 @@ A run session calls three functions, each a no-op when its flag is not given:
     policy = es_policy(strategy_mean, obs_stats, es_config, network_config, spec)
     recorded = record_policy(data, arch, run.env, policy, run.seed)
 
-`warm_start` and `record_trained_policy` are the same for the Anakin PPO driver's
-older calls.
+The run session (`podracer.session.session`) makes these calls for every pair.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
 from podracer.data.episodes import demonstrations, unpad_episodes
 from podracer.data.reader import find_dataset_dir, load_episodes
-from podracer.data.record import Policy, make_recorder, ppo_policy
+from podracer.data.record import Policy, make_recorder
 from podracer.data.record_envpool import record_envpool
 from podracer.data.spec import ACTION, IS_LAST, OBSERVATION, STEPS, import_tfds, step_spec_for_env
 from podracer.data.writer import DatasetWriter, check_new_dataset_dir
@@ -140,13 +139,6 @@ def warm_start_state(train: TrainState, data: DataConfig, spec, env_id: str, net
     }
 
 
-def warm_start(runner, data: DataConfig, env, network, ppo_config: PPOConfig, seed: int):
-    """`warm_start_state` on an Anakin runner's `train`; returns `(runner, summary)`."""
-    train, summary = warm_start_state(runner.train, data, env.spec, env.env_id, network, ppo_config,
-                                      seed)
-    return runner._replace(train=train), summary
-
-
 def record_policy(data: DataConfig, arch: str, env_id: str, policy: Policy, seed: int) -> dict:
     """Record `data.record_episodes` episodes of `policy` into the new `data.record_dataset`.
 
@@ -186,10 +178,3 @@ def _record_gymnax(writer: DatasetWriter, env_id: str, policy: Policy, num_episo
             writer.add_episode(episode[STEPS])
             returns.append(float(episode["episode_return"]))
     return returns
-
-
-def record_trained_policy(train: TrainState, data: DataConfig, env, network, ppo_config: PPOConfig,
-                          seed: int) -> dict:
-    """`record_policy` of an Anakin PPO train state's policy."""
-    return record_policy(data, "anakin", env.env_id,
-                         ppo_policy(train, network.apply, ppo_config, data.record_deterministic), seed)

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from podracer.config import make_optimizer
-from podracer.data.train_hooks import record_trained_policy, warm_start
+from podracer.data.record import ppo_policy
 from podracer.networks import init_params, make_network
 from podracer.ppo import init_train_state
 from podracer.ppo.config import PPO_FIX
@@ -121,10 +121,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
         {"train": setup.state,
          "key": parallel.from_host(np.asarray(learner_key), parallel.replicated(setup.mesh))})
     first_update = int(meta.get("updates", 0))
-    cloned = {}
-    if not session.resuming and session.data.init_from_dataset:  # never over a checkpoint
-        learner["train"], cloned = warm_start(learner["train"], session.data, setup.spec, run.env,
-                                              setup.network, ppo_config, run.seed)
+    learner["train"] = session.warm_start(learner["train"], setup.spec, setup.network, ppo_config)
     control, timings = Control(), session.timings
     store = ParamsStore(split.actor)
     store.publish(learner["train"], first_update)  # a policy's version: the updates applied to it
@@ -172,9 +169,9 @@ def train_ppo(configs: dict[str, Any], devices=None):
                  "actor_devices": len(split.actor) * processes,
                  "learner_devices": setup.mesh.devices.size,
                  "actor_threads": layout.num_actor_threads * processes},
-        extra={"updates": log.updates, **log.run_summary(), **cloned},
+        extra={"updates": log.updates, **log.run_summary()},
         stopped=log.updates < setup.num_updates,
-        record=lambda: record_trained_policy(final, session.data, setup.spec, run.env,
-                                             setup.network, ppo_config, run.seed, arch="sebulba"),
+        policy=lambda: ppo_policy(final, setup.network.apply, ppo_config,
+                                  session.data.record_deterministic),
         breakdown=True)
     return summary, final

@@ -29,6 +29,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from podracer import es
+from podracer.data.record import es_policy
 from podracer.es.config import make_strategy
 from podracer.es.metrics import ES_FIX
 from podracer.networks import make_policy_network
@@ -180,5 +181,6 @@ def train_es(configs: dict[str, Any], devices=None):
             "ignored_steps": log.ignored_steps,
         },
         stopped=log.env_steps < run.total_steps,
+        policy=lambda: es_policy(state.mean, obs_stats, es_config, configs["network"], setup.spec),
         breakdown=True)
     return summary, (state, obs_stats)

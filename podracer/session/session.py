@@ -61,6 +61,7 @@ class RunSession:
         self.stop: StopFlag | None = None
         self.compile_s = self.train_s = 0.0
         self.profile: dict | None = None
+        self.cloned: dict[str, Any] = {}  # the warm start's summary keys
         self._train_start = 0.0
 
     def measure(self, name: str):
@@ -83,6 +84,19 @@ class RunSession:
         state, meta = self.checkpointer.restore(initial)
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
+
+    def warm_start(self, train: Any, spec: Any, network: Any, ppo_config: Any) -> Any:
+        """`--init-from-dataset`: a new run's PPO train state cloned from the dataset.
+
+        A resumed run continues from its checkpoint, never from the dataset.
+        """
+        if self.resuming or not self.data.init_from_dataset:
+            return train
+        from podracer.data.train_hooks import warm_start_state
+
+        train, self.cloned = warm_start_state(train, self.data, spec, self.run.env, network, ppo_config,
+                                              self.run.seed)
+        return train
 
     def start(self, total_steps: int, compile_s: float) -> RunLogger:
         """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
@@ -147,21 +161,24 @@ class RunSession:
 
     def finish(self, *, env_steps: int, new_steps: int, episode_return_mean: float | None,
                fingerprint_of: Any, devices: dict[str, int], extra: dict[str, Any],
-               stopped: bool, record: Callable[[], dict] | None = None,
+               stopped: bool, policy: Callable[[], Any] | None = None,
                breakdown: bool = False) -> dict[str, Any]:
         """Write `summary.json` (its common keys mean the same for every pair) and return it.
 
         `devices` counts over every process; `fingerprint_of` is the parameter
-        tree every process must hold alike; `record()` is the pair's dataset hook,
-        run on process 0 when `--record-dataset` asks for one and training was
-        not stopped early.
+        tree every process must hold alike; `policy()` gives the trained policy
+        (`podracer.data.Policy`), which `--record-dataset` records on process 0
+        when training was not stopped early.
         Raises `Interrupted` (after writing the summary) when a signal stopped
         the run.
         """
         import jax
 
-        recording = self.data.record_dataset and record is not None and not stopped
-        recorded = record() if recording and self.main_process else {}
+        recorded = {}
+        if self.data.record_dataset and policy is not None and not stopped and self.main_process:
+            from podracer.data.train_hooks import record_policy
+
+            recorded = record_policy(self.data, self.run.arch, self.run.env, policy(), self.run.seed)
         totals = self.timings.totals()
         summary = self.logger.summary({
             "arch": self.run.arch, "algo": self.run.algo, "env": self.run.env,
@@ -169,6 +186,7 @@ class RunSession:
             "sps": new_steps / self.train_s if new_steps and self.train_s > 0 else None,
             "episode_return_mean": episode_return_mean,
             **extra,
+            **self.cloned,
             **devices,
             "processes": jax.process_count(),
             "compile_s": self.compile_s,
