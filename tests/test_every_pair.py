@@ -129,7 +129,8 @@ def cartpole_dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("demos")
     result = _launch(("anakin", "ppo"), "--total-steps=150000", "--num-envs=32", "--rollout-len=32",
                      "--updates-per-call=8", f"--run-dir={root / 'run'}",
-                     f"--record-dataset={root / 'dataset'}", "--record-episodes=8", cwd=root)
+                     f"--record-dataset={root / 'dataset'}", "--record-episodes=8",
+                     "--record-deterministic", cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "dataset"
 
@@ -145,5 +146,6 @@ def test_init_from_dataset_clones_or_is_refused(pair, cartpole_dataset, tmp_path
         return
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    # The clone fits the demonstrations: a trained policy's actions, far likelier than chance.
+    # The clone fits the demonstrations (a trained policy's most likely actions) far better
+    # than chance.
     assert summary["bc_steps"] == 200 and summary["bc_log_likelihood"] > -0.4  # chance: log(1/2) = -0.69

@@ -14,6 +14,7 @@ import pytest
 from conftest import LAUNCHER, PYTHON, REPO_ROOT
 from podracer.config import NetworkConfig, OptimConfig, RunConfig
 from podracer.ppo import PPOConfig
+from podracer.sebulba.config import SebulbaConfig
 from podracer.sebulba import train as sebulba_train
 from podracer.sebulba.envs import EnvPoolEnvs
 
@@ -118,7 +119,7 @@ def test_actor_failure_in_process_stops_every_thread(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sebulba_train, "EnvPoolEnvs", Failing)
     run = RunConfig(arch="sebulba", total_steps=10**8, run_dir=str(tmp_path))
-    config = sebulba_train.SebulbaConfig(num_envs=12, rollout_len=16, actor_threads=2)
+    config = SebulbaConfig(num_envs=12, rollout_len=16, actor_threads=2)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="environment exploded"):
         sebulba_train.train_ppo({"run": run, "ppo": PPOConfig(), "sebulba": config,

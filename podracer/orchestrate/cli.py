@@ -221,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return orchestrate.spawn_local(named, distributed.num_processes)
         # Until training starts a signal ends the run at once (compilation cannot be
         # interrupted from Python); then the training loop saves and stops.
-        signals.exit_at_once_until_training()
-        run(argv, parsed)
+        with signals.exit_at_once_until_training():
+            run(argv, parsed)
     except PodracerError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -13,35 +13,46 @@ run exits with its status once its results are written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from typing import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _lock = threading.Lock()
-_watching = False
 _training = False
 _nothing_saved = "nothing was saved"
 _late_signal: int | None = None
 
 
-def exit_at_once_until_training() -> None:
-    """From now until `training_started()`, a signal ends the process with one line.
+@contextlib.contextmanager
+def exit_at_once_until_training() -> Iterator[None]:
+    """Within the block, until `training_started()`, a signal ends the process with one line.
 
     For the command line only: a notebook's kernel also receives SIGINT (its
-    interrupt button) and must survive it. Call from the main thread.
+    interrupt button) and must survive it. Outside the main thread, where
+    handlers cannot be set, the block changes nothing. The previous handlers
+    come back when the block ends.
     """
-    global _watching
-    if _watching or threading.current_thread() is not threading.main_thread():
-        return  # handlers belong to the main thread; elsewhere signals keep their owner's
-    for sig in SIGNALS:
-        signal.signal(sig, _handler)
+    global _training, _nothing_saved, _late_signal
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _training, _nothing_saved, _late_signal = False, "nothing was saved", None
+    previous = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     threading.Thread(target=_watch, args=(read_fd,), name="podracer-signals", daemon=True).start()
-    _watching = True
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(write_fd)  # the watcher reads the end of its pipe and returns
 
 
 def set_nothing_saved(text: str) -> None:
@@ -71,13 +82,13 @@ def _handler(signum: int, _frame) -> None:
 
 
 def _watch(read_fd: int) -> None:
-    while True:
-        data = os.read(read_fd, 1)
-        if not data:
-            return
-        with _lock:
-            if not _training:
-                _exit_now(data[0])
+    try:
+        while data := os.read(read_fd, 1):
+            with _lock:
+                if not _training:
+                    _exit_now(data[0])
+    finally:
+        os.close(read_fd)
 
 
 def _exit_now(signum: int) -> None:
