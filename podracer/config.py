@@ -115,7 +115,7 @@ class LogConfig:
     """Where metrics go besides metrics.jsonl and TensorBoard."""
 
     wandb: bool = False
-    """Also log to Weights & Biases (needs `pip install wandb` and a login)."""
+    """Also log every metrics row to Weights & Biases, on every architecture and algorithm (needs `pip install wandb` and a login, or WANDB_MODE=offline); its files go to RUN_DIR/wandb."""
     wandb_project: str = "podracer"
     """Weights & Biases project name."""
     profile: bool = False

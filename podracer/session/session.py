@@ -165,6 +165,8 @@ class RunSession:
                breakdown: bool = False) -> dict[str, Any]:
         """Write `summary.json` (its common keys mean the same for every pair) and return it.
 
+        `breakdown` adds the time per
+        operation (keys and a printed table) for pairs whose threads measure it.
         `devices` counts over every process; `fingerprint_of` is the parameter
         tree every process must hold alike; `policy()` gives the trained policy
         (`podracer.data.Policy`), which `--record-dataset` records on process 0
@@ -195,7 +197,9 @@ class RunSession:
             # Every process must hold the same parameters; one hash per process proves it.
             "params_fingerprints": parallel.process_fingerprints(fingerprint_of),
             **recorded,
-            **as_metrics(totals),
+            # Sebulba's thread-seconds per operation; Anakin's host waits on the device
+            # inside them, so there only a profile (`--profile`) breaks its time down.
+            **(as_metrics(totals) if breakdown else {}),
             "wall_s": time.perf_counter() - self.wall_start,
             **({"profile": self.profile} if self.profile else {}),
             "config": config_record(used_configs(self.configs)),
