@@ -353,7 +353,7 @@ def _dry_run_parts(out: str) -> tuple[list, list[str], str]:
 
 
 def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
-    status, out, err = cli("--dry-run", *TRAINING, "--note=$(rm -rf /)")
+    status, out, err = cli("--dry-run", *TRAINING, "--run-dir=$(rm -rf /)")
 
     assert (status, err) == (0, "")
     assert service.requests == []
@@ -366,7 +366,7 @@ def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
     assert node["acceleratorType"] == "v4-32"
     assert node["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert printed_script == node["metadata"]["startup-script"]
-    assert "'--note=$(rm -rf /)'" in printed_script
+    assert "'--run-dir=$(rm -rf /)'" in printed_script
     assert sent[3]["request"]["name"] == NODE
 
 
@@ -536,6 +536,49 @@ def test_dry_run_prints_the_network_identity_tags_tier_and_shape(cli, service):
     node = _dry_run_parts(out)[0][0]["request"]["node"]
     assert node["networkConfig"] == {"enableExternalIps": True}
     assert "serviceAccount" not in node and "tags" not in node
+
+
+# -- checked before anything is paid for: one line, exit 2, no call at all --------
+
+@pytest.mark.parametrize("training, fragment", [
+    (["--arch=sebulba", "--totl-steps=5"],
+     "unknown flag --totl-steps; did you mean --total-steps (a training flag)?"),
+    (["--arch=sebulba", "--env=Pongg-v5"], "unknown envpool environment 'Pongg-v5'"),
+    (["--arch=sebulba", "--env=Pong-v5", "--gamma=2"], "--gamma must be in [0, 1], got 2.0"),
+    (["--arch=anakin", "--env=Pong-v5"], "Pong-v5 is an envpool environment"),
+    (["--arch=anakin", "--algo=es", "--clip-eps=0.1"], "--clip-eps is a ppo setting"),
+    (["--arch=sebulba", "--env=Pong-v5", "--num-processes=4"], "--num-processes is set by the slice"),
+    (["--arch=sebulba", "--env=Pong-v5", "--", "--totl-steps=5"], "did you mean --total-steps"),
+    (["--arch=sebulba", "--env=Pong-v5", "stray"], "unexpected argument 'stray'"),
+])
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["up"], ["--queued"]])
+def test_a_training_flag_mistake_is_one_line_and_the_api_sees_no_call(
+        cli, service, training, fragment, mode):
+    verb = mode[0] if mode == ["up"] else None
+    flags = [flag for flag in mode if flag != "up"]
+
+    status, out, err = cli(*flags, *training, verb=verb)
+
+    assert status == 2
+    assert fragment in _single_error_line(err)
+    assert out == ""
+    assert service.requests == []  # every RPC of any service is recorded, answered or not
+
+
+@pytest.mark.parametrize("typo, fragment", [
+    ("--zonee=us-central2-b", "unknown flag --zonee; did you mean --zone (a provisioner flag)?"),
+    ("--internal-ip", "did you mean --internal-ips (a provisioner flag)?"),
+    (f"--service-acount={SERVICE_ACCOUNT}", "did you mean --service-account (a provisioner flag)?"),
+    ("--sport", "did you mean --spot (a provisioner flag)?"),
+    ("--subnet=tpu-sub", "did you mean --subnetwork (a provisioner flag)?"),
+])
+def test_a_mistyped_provisioner_flag_is_named_and_never_reaches_the_workers(
+        cli, service, typo, fragment):
+    status, out, err = cli(typo, *TRAINING)
+
+    assert status == 2
+    assert fragment in _single_error_line(err)
+    assert service.requests == []
 
 
 @pytest.mark.parametrize("flags, fragment", [

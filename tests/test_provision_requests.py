@@ -12,7 +12,7 @@ from google.cloud import tpu_v2
 from podracer.errors import PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import is_loopback
-from podracer.provision.cli import main, parse_command
+from podracer.provision.cli import check_command, main, parse_command, provisioner_flags
 from podracer.provision.report import describe_workers, list_table
 from podracer.provision.source import default_install_spec, public_git_url
 from podracer.provision.spec import (TPU_VERSIONS, Identity, Networking, SliceSpec,
@@ -23,18 +23,26 @@ from podracer.provision.startup import WorkerState
 SLICE = ["--tpu=slice-1", "--zone=us-central2-b", "--accelerator-type=v4-32"]
 
 
-def test_unknown_flags_and_everything_after_dashes_are_training_flags_in_order():
+def test_flags_not_the_provisioners_and_everything_after_dashes_are_training_flags_in_order():
     command = parse_command([
-        "up", *SLICE, "--arch=sebulba", "--lr", "3e-4", "--keep", "--keep-checkpoints",
-        "--zone-count=2", "--", "--tpu=not-a-provisioner-flag", "--keep",
+        "up", *SLICE, "--arch=sebulba", "--lr", "3e-4", "--keep", "--keep-checkpoints", "2",
+        "--hidden", "64", "64", "--", "--seed=3", "--total-steps=1000",
     ])
     assert command.verb == "up"
     assert command.keep is True
     assert command.spec.zone == "us-central2-b"
     assert command.training_flags == (
-        "--arch=sebulba", "--lr", "3e-4", "--keep-checkpoints", "--zone-count=2",
-        "--tpu=not-a-provisioner-flag", "--keep",
+        "--arch=sebulba", "--lr", "3e-4", "--keep-checkpoints", "2", "--hidden", "64", "64",
+        "--seed=3", "--total-steps=1000",
     )
+    check_command(command)  # the trainer's parser takes them all
+
+
+def test_the_provisioner_and_the_trainer_share_no_flag_but_help():
+    from podracer.provision.preflight import training_flag_names
+
+    shared = set(provisioner_flags("run")) & set(training_flag_names(["--arch=sebulba"]))
+    assert shared == {"--help"}
 
 
 def test_no_verb_means_run_and_defaults_fill_in():
@@ -61,6 +69,7 @@ def test_status_and_down_take_the_name_as_gcloud_does():
     (["--tpu=a", "--zone=z/../x", "--accelerator-type=v4-8"], "--zone='z/../x' is not valid"),
     (["--tpu=a", "--zone=z", "--accelerator-type=v9-8"], "pass --runtime-version"),
     ([*SLICE, "--poll-interval=0"], "must be more than 0 seconds"),
+    (["list", "--zone=z", "--zonee=y"], "did you mean --zone (a provisioner flag)?"),
     (["--tpu=a", "--zone=z"], "needs --accelerator-type (or --tpu-version with --topology)"),
     ([*SLICE, "--tpu-version=v4", "--topology=2x2x4"], "pass one: --accelerator-type=v4-32, or"),
     (["--tpu=a", "--zone=z", "--topology=2x2x4"], "--tpu-version is missing"),

@@ -9,8 +9,10 @@ Verbs, as a gcloud user expects them:
 - `down`: delete the slice (and its queued resource);
 - `list`: the slices in a zone.
 
-Flags this module does not know are training flags; they, and everything after
-`--`, are passed to `python launch/tpu.py` on every worker.
+The provisioner's flags are the fixed set below; every other flag is a training
+flag. Training flags, and everything after `--`, are checked here with the
+trainer's own parser (`preflight`) before anything is created, then passed to
+`python launch/tpu.py` on every worker.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 
 from podracer.errors import Interrupted, PodracerError
-from podracer.provision import validate
+from podracer.provision import preflight, validate
 from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
                                      Timing, default_runtime_version)
 
@@ -114,6 +116,12 @@ def _split_verb(argv: list[str]) -> tuple[str, list[str]]:
     return "run", argv
 
 
+def provisioner_flags(verb: str = "run") -> list[str]:
+    """The provisioner's own flags for `verb`: a fixed set; every other flag is a training flag."""
+    return [option for action in _make_parser(verb)._actions
+            for option in action.option_strings if option.startswith("--")]
+
+
 def parse_command(argv: list[str]) -> Command:
     """Turns argv (without the program name) into a `Command`; raises `PodracerError`."""
     verb, rest = _split_verb(list(argv))
@@ -126,8 +134,10 @@ def parse_command(argv: list[str]) -> Command:
         args.tpu = unknown.pop(0)  # `status NAME`, as with gcloud
     training_flags = tuple(unknown + after_dashes)
     if verb not in ("run", "up") and training_flags:
-        raise PodracerError(f"unexpected argument {training_flags[0]!r} for `{verb}`; "
-                            f"see `python launch/tpu.py {verb} --help`")
+        first = training_flags[0]
+        hint = preflight.suggestion(first, provisioner_flags(verb)) if first.startswith("--") else ""
+        raise PodracerError(f"unexpected argument {first!r} for `{verb}`{hint} "
+                            f"(see `python launch/tpu.py {verb} --help`)")
 
     required = {"--zone": args.zone}
     if verb != "list":
@@ -181,6 +191,12 @@ def _creation(spec: SliceSpec, args: argparse.Namespace) -> SliceSpec:
         identity=validate.identity(args.service_account, args.scopes))
 
 
+def check_command(command: Command) -> None:
+    """Everything that can be checked before a slice exists; the training flags above all."""
+    if command.verb in ("run", "up"):
+        preflight.check_training_flags(command.training_flags, provisioner_flags(command.verb))
+
+
 def main(argv: list[str]) -> int:
     """Runs one provisioner command; returns the exit status.
 
@@ -193,6 +209,7 @@ def main(argv: list[str]) -> int:
 
     try:
         command = parse_command(argv)
+        check_command(command)
         return _load_commands().execute(command, say)
     except (PodracerError, Interrupted) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
