@@ -287,3 +287,14 @@ def test_default_install_spec_without_git_refuses(tmp_path):
 
     with pytest.raises(PodracerError, match="--install-spec"):
         default_install_spec(tmp_path)
+
+
+def test_every_provisioner_flag_is_in_the_readme_flags_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Run on a TPU pod slice", 1)[1].split("\n## ", 1)[0]
+    table = section.split("### Flags", 1)[1].split("\n### ", 1)[0]
+    missing = [flag for flag in provisioner_flags("run")
+               if flag != "--help" and f"`{flag}" not in table and f" {flag}=" not in table]
+    assert missing == []
