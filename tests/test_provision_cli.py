@@ -548,7 +548,8 @@ def test_dry_run_prints_the_network_identity_tags_tier_and_shape(cli, service):
     (["--arch=anakin", "--env=Pong-v5"], "Pong-v5 is an envpool environment"),
     (["--arch=anakin", "--algo=es", "--clip-eps=0.1"], "--clip-eps is a ppo setting"),
     (["--arch=sebulba", "--env=Pong-v5", "--num-processes=4"], "--num-processes is set by the slice"),
-    (["--arch=sebulba", "--env=Pong-v5", "--", "--totl-steps=5"], "did you mean --total-steps"),
+    (["--arch=sebulba", "--env=Pong-v5", "--", "--totl-steps=5"],
+     "did you mean --total-steps (a training flag)?"),
     (["--arch=sebulba", "--env=Pong-v5", "stray"], "unexpected argument 'stray'"),
 ])
 @pytest.mark.parametrize("mode", [[], ["--dry-run"], ["up"], ["--queued"]])
@@ -596,3 +597,14 @@ def test_bad_network_and_identity_values_are_one_line_and_no_call(cli, service, 
     assert status == 2
     assert fragment in _single_error_line(err)
     assert service.requests == []
+
+
+def test_the_server_records_a_call_to_a_method_it_does_not_serve(server, service):
+    channel = grpc.insecure_channel(server.endpoint)
+    try:
+        with pytest.raises(grpc.RpcError) as raised:
+            channel.unary_unary("/google.cloud.tpu.v2.Tpu/StopNode")(b"", timeout=5)
+    finally:
+        channel.close()
+    assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert service.requests == [("/google.cloud.tpu.v2.Tpu/StopNode", None)]

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 from podracer.errors import PodracerError
 
 # What the slice decides for itself: every worker is one process of the run,
-# joined by `--distributed=auto` (which the startup script appends).
+# joined by `--distributed=auto`, which the startup script appends.
 WORKER_FLAG = "--distributed=auto"
 SET_BY_THE_SLICE = ("--distributed", "--num-processes", "--coordinator", "--process-id")
 
@@ -69,7 +69,7 @@ def check_training_flags(training_flags: Sequence[str], provisioner_flags: Itera
         if _name(arg) in SET_BY_THE_SLICE:
             raise PodracerError(f"{_name(arg)} is set by the slice (every worker is one process "
                                 f"of the run, joined with {WORKER_FLAG}); drop it")
-    run = parse([*training_flags, WORKER_FLAG]).configs["run"]
+    run = parse(training_flags).configs["run"]
     check_env(run.arch, run.env)
 
 
