@@ -44,12 +44,12 @@ def launcher(tmp_path):
 def cli(server, launcher, capsys):
     """Runs the provisioner against the test server: (exit status, stdout, stderr)."""
 
-    def run(*argv, verb=None, slice_flags=True):
+    def run(*argv, verb=None, slice_flags=True, shape=("--accelerator-type=v4-32",)):
         flags = [f"--zone={ZONE}", f"--project={PROJECT}",
                  f"--api-endpoint={server.endpoint}", "--poll-interval=0.01",
                  "--retry-deadline=2", "--ready-timeout=10", "--run-timeout=10"]
         if slice_flags:
-            flags += [f"--tpu={NAME}", "--accelerator-type=v4-32", f"--launcher={launcher}",
+            flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}",
                       f"--install-spec={INSTALL_SPEC}"]
         status = main(([verb] if verb else []) + flags + list(argv))
         out, err = capsys.readouterr()
@@ -75,6 +75,11 @@ def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service)
     assert create.parent == f"projects/{PROJECT}/locations/{ZONE}" and create.node_id == NAME
     assert create.node.accelerator_type == "v4-32"
     assert create.node.runtime_version == "tpu-ubuntu2204-base"
+    # External IPs unless --internal-ips, as gcloud; the API's own default would be none.
+    assert create.node.network_config == tpu_v2.NetworkConfig(enable_external_ips=True)
+    for absent in ("service_account", "scheduling_config", "accelerator_config"):
+        assert absent not in create.node
+    assert list(create.node.tags) == []
     script = create.node.metadata["startup-script"]
     assert "launch/tpu.py \\\n  --arch=sebulba \\\n  --algo=ppo \\\n  --env=Pong-v5 \\\n  --distributed=auto\n" in script
     assert f"'jax[tpu]' '{INSTALL_SPEC}'\n" in script
@@ -340,22 +345,28 @@ def test_down_of_a_queued_slice_deletes_the_queued_resource_with_force(cli, serv
     assert service.nodes == {} and service.queued == {}
 
 
+def _dry_run_parts(out: str) -> tuple[list, list[str], str]:
+    """The JSON requests, the `# ` note lines, and the startup script of a --dry-run."""
+    requests_json, _, rest = out.partition("\n# ")
+    notes, _, script = ("# " + rest).partition("# startup script")
+    return json.loads(requests_json), notes.splitlines(), script.split("\n", 1)[1]
+
+
 def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
-    status, out, err = cli("--dry-run", *TRAINING, "--note=$(rm -rf /)")
+    status, out, err = cli("--dry-run", *TRAINING, "--run-dir=$(rm -rf /)")
 
     assert (status, err) == (0, "")
     assert service.requests == []
-    requests_json, _, script = out.partition("# startup script")
-    sent = json.loads(requests_json)
+    sent, notes, printed_script = _dry_run_parts(out)
+    assert notes == [f"# workers install: {INSTALL_SPEC}"]
     assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
         "CreateNode", "GetNode", "GetGuestAttributes", "DeleteNode"]
     node = sent[0]["request"]["node"]
     assert sent[0]["request"]["nodeId"] == NAME
     assert node["acceleratorType"] == "v4-32"
     assert node["runtimeVersion"] == "tpu-ubuntu2204-base"
-    printed_script = script.split("\n", 1)[1]
     assert printed_script == node["metadata"]["startup-script"]
-    assert "'--note=$(rm -rf /)'" in printed_script
+    assert "'--run-dir=$(rm -rf /)'" in printed_script
     assert sent[3]["request"]["name"] == NODE
 
 
@@ -363,7 +374,7 @@ def test_dry_run_of_up_with_keep_never_deletes(cli, service):
     status, out, err = cli("--dry-run", "--queued", *TRAINING, verb="up")
 
     assert (status, err) == (0, "")
-    sent = json.loads(out.partition("# startup script")[0])
+    sent = _dry_run_parts(out)[0]
     assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
         "CreateQueuedResource", "GetQueuedResource", "GetNode"]
     assert service.requests == []
@@ -435,3 +446,165 @@ def test_a_queued_resource_that_never_gets_capacity_gives_up_and_is_removed(cli,
     assert "queued resource slice-1 was not provisioned after 0.2 s" in line
     assert "TPU slice-1 deleted" in line
     assert service.queued == {}
+
+
+# -- what the create request carries: network, identity, tags, tier, shape --------
+
+SERVICE_ACCOUNT = "trainer@proj.iam.gserviceaccount.com"
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+
+
+def test_plain_create_carries_network_identity_tags_tier_and_topology(cli, service):
+    status, out, err = cli(
+        "--network=tpu-net", "--subnetwork=projects/host/regions/us-central2/subnetworks/tpu-sub",
+        "--tags=podracer,allow-ssh", "--tags", "trainers", f"--service-account={SERVICE_ACCOUNT}",
+        "--reserved", "--internal-ips", *TRAINING,
+        shape=("--tpu-version=v4", "--topology=2x2x4"))
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateNode")
+    node = create.node
+    assert node.network_config == tpu_v2.NetworkConfig(
+        network="tpu-net", subnetwork="projects/host/regions/us-central2/subnetworks/tpu-sub",
+        enable_external_ips=False)
+    assert node.service_account == tpu_v2.ServiceAccount(
+        email=SERVICE_ACCOUNT, scope=["https://www.googleapis.com/auth/cloud-platform"])
+    assert list(node.tags) == ["podracer", "allow-ssh", "trainers"]
+    assert node.scheduling_config == tpu_v2.SchedulingConfig(reserved=True)
+    assert node.accelerator_config == tpu_v2.AcceleratorConfig(
+        type_=tpu_v2.AcceleratorConfig.Type.V4, topology="2x2x4")
+    assert node.accelerator_type == "" and node.runtime_version == "tpu-ubuntu2204-base"
+    assert "creating TPU slice-1 (v4 2x2x4)" in out
+    assert "network: tpu-net, internal IPs, service account: " + SERVICE_ACCOUNT in out
+    assert "only through Cloud NAT" in out
+
+
+def test_queued_create_carries_them_in_its_node_spec_and_spot_on_its_tier(cli, service):
+    status, out, err = cli(
+        "--queued", "--spot", "--network=tpu-net", "--tags=podracer",
+        f"--service-account={SERVICE_ACCOUNT}", f"--scopes={STORAGE_SCOPE}", *TRAINING,
+        shape=("--tpu-version=v5litepod", "--topology=4x4"))
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateQueuedResource")
+    resource = create.queued_resource
+    (node_spec,) = resource.tpu.node_spec
+    node = node_spec.node
+    assert node.network_config == tpu_v2.NetworkConfig(network="tpu-net", enable_external_ips=True)
+    assert node.service_account == tpu_v2.ServiceAccount(email=SERVICE_ACCOUNT, scope=[STORAGE_SCOPE])
+    assert list(node.tags) == ["podracer"]
+    assert node.accelerator_config == tpu_v2.AcceleratorConfig(
+        type_=tpu_v2.AcceleratorConfig.Type.V5LITE_POD, topology="4x4")
+    assert node.runtime_version == "v2-alpha-tpuv5-lite"
+    # The tier is the queued resource's: spot there, no scheduling config on the node.
+    assert "spot" in resource and "scheduling_config" not in node
+    assert resource.reservation_name == ""
+
+
+def test_queued_reserved_asks_for_any_reservation_of_the_project_in_the_zone(cli, service):
+    status, out, err = cli("--queued", "--reserved", *TRAINING)
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateQueuedResource")
+    resource = create.queued_resource
+    assert resource.reservation_name == f"projects/{PROJECT}/locations/{ZONE}/reservations/-"
+    assert "spot" not in resource and "scheduling_config" not in resource.tpu.node_spec[0].node
+    assert resource.tpu.node_spec[0].node.network_config.enable_external_ips
+
+
+def test_dry_run_prints_the_network_identity_tags_tier_and_shape(cli, service):
+    status, out, err = cli(
+        "--dry-run", "--internal-ips", "--network=tpu-net", "--tags=podracer,allow-ssh",
+        f"--service-account={SERVICE_ACCOUNT}", "--spot", *TRAINING,
+        shape=("--tpu-version=v4", "--topology=2x2x4"))
+
+    assert (status, err) == (0, "")
+    assert service.requests == []
+    sent, notes, _ = _dry_run_parts(out)
+    node = sent[0]["request"]["node"]
+    # enableExternalIps is false, so, as on the wire, absent; the notes say so.
+    assert node["networkConfig"] == {"network": "tpu-net"}
+    assert any("--internal-ips: networkConfig.enableExternalIps is false" in note for note in notes)
+    assert node["serviceAccount"] == {
+        "email": SERVICE_ACCOUNT, "scope": ["https://www.googleapis.com/auth/cloud-platform"]}
+    assert node["tags"] == ["podracer", "allow-ssh"]
+    assert node["schedulingConfig"] == {"spot": True}
+    assert node["acceleratorConfig"] == {"type": "V4", "topology": "2x2x4"}
+    assert "acceleratorType" not in node
+
+    status, out, err = cli("--dry-run", *TRAINING)
+    node = _dry_run_parts(out)[0][0]["request"]["node"]
+    assert node["networkConfig"] == {"enableExternalIps": True}
+    assert "serviceAccount" not in node and "tags" not in node
+
+
+# -- checked before anything is paid for: one line, exit 2, no call at all --------
+
+@pytest.mark.parametrize("training, fragment", [
+    (["--arch=sebulba", "--totl-steps=5"],
+     "unknown flag --totl-steps; did you mean --total-steps (a training flag)?"),
+    (["--arch=sebulba", "--env=Pongg-v5"], "unknown envpool environment 'Pongg-v5'"),
+    (["--arch=sebulba", "--env=Pong-v5", "--gamma=2"], "--gamma must be in [0, 1], got 2.0"),
+    (["--arch=anakin", "--env=Pong-v5"], "Pong-v5 is an envpool environment"),
+    (["--arch=anakin", "--algo=es", "--clip-eps=0.1"], "--clip-eps is a ppo setting"),
+    (["--arch=sebulba", "--env=Pong-v5", "--num-processes=4"], "--num-processes is set by the slice"),
+    (["--arch=sebulba", "--env=Pong-v5", "--", "--totl-steps=5"],
+     "did you mean --total-steps (a training flag)?"),
+    (["--arch=sebulba", "--env=Pong-v5", "stray"], "unexpected argument 'stray'"),
+])
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["up"], ["--queued"]])
+def test_a_training_flag_mistake_is_one_line_and_the_api_sees_no_call(
+        cli, service, training, fragment, mode):
+    verb = mode[0] if mode == ["up"] else None
+    flags = [flag for flag in mode if flag != "up"]
+
+    status, out, err = cli(*flags, *training, verb=verb)
+
+    assert status == 2
+    assert fragment in _single_error_line(err)
+    assert out == ""
+    assert service.requests == []  # every RPC of any service is recorded, answered or not
+
+
+@pytest.mark.parametrize("typo, fragment", [
+    ("--zonee=us-central2-b", "unknown flag --zonee; did you mean --zone (a provisioner flag)?"),
+    ("--internal-ip", "did you mean --internal-ips (a provisioner flag)?"),
+    (f"--service-acount={SERVICE_ACCOUNT}", "did you mean --service-account (a provisioner flag)?"),
+    ("--sport", "did you mean --spot (a provisioner flag)?"),
+    ("--subnet=tpu-sub", "did you mean --subnetwork (a provisioner flag)?"),
+])
+def test_a_mistyped_provisioner_flag_is_named_and_never_reaches_the_workers(
+        cli, service, typo, fragment):
+    status, out, err = cli(typo, *TRAINING)
+
+    assert status == 2
+    assert fragment in _single_error_line(err)
+    assert service.requests == []
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--tags=podracer,Allow_SSH"], "--tags: 'Allow_SSH' is not a valid network tag"),
+    (["--tags=" + "a" * 64], "is not a valid network tag"),
+    (["--network=My_Net"], "--network='My_Net' is not valid"),
+    (["--subnetwork=projects/p/regions/r/subnetworks/Bad_Sub"], "--subnetwork="),
+    (["--service-account=trainer"], "--service-account='trainer' is not valid"),
+    (["--scopes=cloud-platform"], "'cloud-platform' is not an OAuth scope URL"),
+    (["--spot", "--reserved"], "argument --reserved: not allowed with argument --spot"),
+])
+def test_bad_network_and_identity_values_are_one_line_and_no_call(cli, service, flags, fragment):
+    status, out, err = cli(*flags, *TRAINING)
+
+    assert status == 2
+    assert fragment in _single_error_line(err)
+    assert service.requests == []
+
+
+def test_the_server_records_a_call_to_a_method_it_does_not_serve(server, service):
+    channel = grpc.insecure_channel(server.endpoint)
+    try:
+        with pytest.raises(grpc.RpcError) as raised:
+            channel.unary_unary("/google.cloud.tpu.v2.Tpu/StopNode")(b"", timeout=5)
+    finally:
+        channel.close()
+    assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert service.requests == [("/google.cloud.tpu.v2.Tpu/StopNode", None)]

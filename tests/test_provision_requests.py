@@ -12,27 +12,37 @@ from google.cloud import tpu_v2
 from podracer.errors import PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import is_loopback
-from podracer.provision.cli import main, parse_command
+from podracer.provision.cli import check_command, main, parse_command, provisioner_flags
 from podracer.provision.report import describe_workers, list_table
 from podracer.provision.source import default_install_spec, public_git_url
-from podracer.provision.spec import SliceSpec, default_runtime_version
+from podracer.provision.spec import (TPU_VERSIONS, Identity, Networking, SliceSpec,
+                                     default_runtime_version)
+from podracer.provision.validate import TOPOLOGY_DIMENSIONS
 from podracer.provision.startup import WorkerState
 
 SLICE = ["--tpu=slice-1", "--zone=us-central2-b", "--accelerator-type=v4-32"]
 
 
-def test_unknown_flags_and_everything_after_dashes_are_training_flags_in_order():
+def test_flags_not_the_provisioners_and_everything_after_dashes_are_training_flags_in_order():
     command = parse_command([
-        "up", *SLICE, "--arch=sebulba", "--lr", "3e-4", "--keep", "--keep-checkpoints",
-        "--zone-count=2", "--", "--tpu=not-a-provisioner-flag", "--keep",
+        "up", *SLICE, "--arch=sebulba", "--lr", "3e-4", "--keep", "--keep-checkpoints", "2",
+        "--hidden", "64", "64", "--", "--seed=3", "--total-steps=1000",
     ])
     assert command.verb == "up"
     assert command.keep is True
     assert command.spec.zone == "us-central2-b"
     assert command.training_flags == (
-        "--arch=sebulba", "--lr", "3e-4", "--keep-checkpoints", "--zone-count=2",
-        "--tpu=not-a-provisioner-flag", "--keep",
+        "--arch=sebulba", "--lr", "3e-4", "--keep-checkpoints", "2", "--hidden", "64", "64",
+        "--seed=3", "--total-steps=1000",
     )
+    check_command(command)  # the trainer's parser takes them all
+
+
+def test_the_provisioner_and_the_trainer_share_no_flag_but_help():
+    from podracer.provision.preflight import training_flag_names
+
+    shared = set(provisioner_flags("run")) & set(training_flag_names(["--arch=sebulba"]))
+    assert shared == {"--help"}
 
 
 def test_no_verb_means_run_and_defaults_fill_in():
@@ -59,6 +69,17 @@ def test_status_and_down_take_the_name_as_gcloud_does():
     (["--tpu=a", "--zone=z/../x", "--accelerator-type=v4-8"], "--zone='z/../x' is not valid"),
     (["--tpu=a", "--zone=z", "--accelerator-type=v9-8"], "pass --runtime-version"),
     ([*SLICE, "--poll-interval=0"], "must be more than 0 seconds"),
+    (["list", "--zone=z", "--zonee=y"], "did you mean --zone (a provisioner flag)?"),
+    (["--tpu=a", "--zone=z"], "needs --accelerator-type (or --tpu-version with --topology)"),
+    ([*SLICE, "--tpu-version=v4", "--topology=2x2x4"], "pass one: --accelerator-type=v4-32, or"),
+    (["--tpu=a", "--zone=z", "--topology=2x2x4"], "--tpu-version is missing"),
+    (["--tpu=a", "--zone=z", "--tpu-version=v4"], "--topology is missing"),
+    (["--tpu=a", "--zone=z", "--tpu-version=v9", "--topology=2x2"], "invalid choice: 'v9'"),
+    (["--tpu=a", "--zone=z", "--tpu-version=v4", "--topology=2x2"], "v4 chips are laid out in 3"),
+    (["--tpu=a", "--zone=z", "--tpu-version=v6e", "--topology=2x2x2"], "laid out in 2"),
+    (["--tpu=a", "--zone=z", "--tpu-version=v4", "--topology=2x0x2"], "--topology='2x0x2' is not"),
+    (["--tpu=a", "--zone=z", "--tpu-version=v4", "--topology=2*2*2"], "--topology='2*2*2' is not"),
+    (["--tpu=a", "--zone=z", "--accelerator-type=v4"], "--accelerator-type='v4' is not valid"),
 ])
 def test_bad_commands_are_one_line_errors_with_exit_2(argv, fragment, capsys):
     with pytest.raises(PodracerError) as raised:
@@ -104,6 +125,53 @@ def test_node_request_carries_type_image_tier_script_and_labels():
     assert node.scheduling_config.spot and not node.scheduling_config.reserved
     assert node.metadata["startup-script"] == "#!/bin/bash\n"
     assert node.labels[requests.LAUNCH_ID_LABEL] == "id1"
+
+
+def test_shape_and_network_values_are_read_as_gcloud_reads_them():
+    command = parse_command([
+        "--tpu=s", "--zone=z", "--tpu-version=V5P", "--topology=2X2X1", "--tags=a,b", "--tags=a",
+        "--scopes", "https://www.googleapis.com/auth/devstorage.read_only",
+        "--network=projects/host/global/networks/shared-net", "--internal-ips"])
+    spec = command.spec
+    assert (spec.accelerator_type, spec.tpu_version, spec.topology) == ("", "v5p", "2x2x1")
+    assert spec.runtime_version == "v2-alpha-tpuv5"
+    assert spec.networking == Networking(network="projects/host/global/networks/shared-net",
+                                         external_ips=False, tags=("a", "b"))
+    # Scopes without a service account: Compute Engine's default account, these scopes.
+    assert spec.identity == Identity(scopes=("https://www.googleapis.com/auth/devstorage.read_only",))
+    assert parse_command([*SLICE, "--accelerator-type=V4-8"]).spec.accelerator_type == "v4-8"
+    assert parse_command(SLICE).spec.identity == Identity()
+
+
+def test_every_tpu_version_has_an_api_type_an_image_and_a_topology_rank():
+    for version in TPU_VERSIONS:
+        spec = _spec(accelerator_type="", tpu_version=version, topology="1x1")
+        assert requests.accelerator_config(spec).type_.name.replace("_", "").lower() == version
+        assert default_runtime_version(version)
+    assert set(TOPOLOGY_DIMENSIONS) == set(TPU_VERSIONS)
+
+
+def test_node_network_defaults_to_external_ips_and_sends_no_identity_unless_given():
+    node = requests.make_node(_spec(), "script", "id1")
+    assert node.network_config == tpu_v2.NetworkConfig(enable_external_ips=True)
+    assert "service_account" not in node and "scheduling_config" not in node
+    internal = _spec(networking=Networking(external_ips=False, tags=("t1",)),
+                     identity=Identity("sa@p.iam.gserviceaccount.com", ("https://x/y",)))
+    node = requests.make_node(internal, "script", "id1")
+    assert not node.network_config.enable_external_ips and list(node.tags) == ["t1"]
+    assert node.service_account.email == "sa@p.iam.gserviceaccount.com"
+    assert list(node.service_account.scope) == ["https://x/y"]
+
+
+def test_queued_reserved_names_the_projects_reservations_and_leaves_the_node_tierless():
+    spec = _spec(reserved=True, queued=True)
+    request = requests.create_queued_resource_request(
+        spec, requests.make_node(spec, "script", "id1"), 60.0, request_id="r-1")
+    resource = request.queued_resource
+    assert resource.reservation_name == "projects/p/locations/us-central2-b/reservations/-"
+    assert "scheduling_config" not in resource.tpu.node_spec[0].node
+    plain = requests.make_node(_spec(reserved=True), "script", "id1")
+    assert plain.scheduling_config == tpu_v2.SchedulingConfig(reserved=True)
 
 
 def test_queued_request_puts_spot_on_the_tier_and_expires_with_the_ready_timeout():
@@ -219,3 +287,14 @@ def test_default_install_spec_without_git_refuses(tmp_path):
 
     with pytest.raises(PodracerError, match="--install-spec"):
         default_install_spec(tmp_path)
+
+
+def test_every_provisioner_flag_is_in_the_readme_flags_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Run on a TPU pod slice", 1)[1].split("\n## ", 1)[0]
+    table = section.split("### Flags", 1)[1].split("\n### ", 1)[0]
+    missing = [flag for flag in provisioner_flags("run")
+               if flag != "--help" and f"`{flag}" not in table and f" {flag}=" not in table]
+    assert missing == []

@@ -17,7 +17,9 @@ What the tests can script:
 - `on_call(method, fn, after_effect=False)`: run `fn()` when `method` is
   served, before it takes effect or (with `after_effect`) just after.
 
-Every request is recorded in `requests` as `(method, message)`.
+Every request is recorded in `requests` as `(method, message)`; a call to any
+other method, of any service, is recorded as `(full method name, None)` and
+answered UNIMPLEMENTED, so `requests == []` means the server saw no call at all.
 """
 
 from __future__ import annotations
@@ -347,6 +349,18 @@ def _handlers(service: FakeTpuService, methods: dict) -> dict:
     }
 
 
+class _RecordEveryOtherCall(grpc.GenericRpcHandler):
+    """Last in line: records a call no other handler serves (the server then answers UNIMPLEMENTED)."""
+
+    def __init__(self, service: FakeTpuService):
+        self._service = service
+
+    def service(self, handler_call_details):
+        with self._service._lock:
+            self._service.requests.append((handler_call_details.method, None))
+        return None
+
+
 class TpuServer:
     """Serves a `FakeTpuService` on 127.0.0.1 at a free port."""
 
@@ -360,6 +374,7 @@ class TpuServer:
                 "google.longrunning.Operations",
                 _handlers(service, {"GetOperation": (
                     operations_pb2.GetOperationRequest, operations_pb2.Operation)})),
+            _RecordEveryOtherCall(service),
         ))
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"127.0.0.1:{self.port}"

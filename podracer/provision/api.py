@@ -22,9 +22,8 @@ from google.cloud import tpu_v2
 from google.cloud.tpu_v2.services.tpu.transports import TpuGrpcTransport
 
 from podracer.errors import PodracerError
-from podracer.provision.spec import SliceSpec, Timing
+from podracer.provision.spec import CLOUD_PLATFORM_SCOPE, SliceSpec, Timing
 
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 LOGIN_COMMAND = "gcloud auth application-default login"
 _TRANSIENT = (api_exceptions.ServiceUnavailable, api_exceptions.DeadlineExceeded)
 
@@ -119,16 +118,20 @@ def explain(error: Exception, spec: SliceSpec, doing: str, timing: Timing) -> Ap
         text = (f"permission denied while {doing} in project {spec.project}: {message}; "
                 "check --project, that the Cloud TPU API is enabled, and that you have "
                 "the TPU Admin role (roles/tpu.admin)")
+        if spec.identity.service_account:
+            text += (" and the Service Account User role (roles/iam.serviceAccountUser) "
+                     f"on {spec.identity.service_account}")
     elif isinstance(error, api_exceptions.Unauthenticated):
         text = f"the credentials were rejected while {doing}: {message}; run `{LOGIN_COMMAND}`"
     elif isinstance(error, api_exceptions.ResourceExhausted):
-        text = (f"no capacity or quota for {spec.accelerator_type or 'this TPU'} in {zone} "
+        text = (f"no capacity or quota for {spec.shape or 'this TPU'} in {zone} "
                 f"while {doing}: {message}; try another --zone, --spot, or --queued to "
                 "wait for capacity")
     elif isinstance(error, api_exceptions.InvalidArgument):
         text = (f"the TPU API rejected the request while {doing}: {message}; check "
-                "--accelerator-type, --runtime-version and --zone (`gcloud compute tpus "
-                f"accelerator-types list --zone={zone}`)")
+                "--accelerator-type (or --tpu-version and --topology), --runtime-version, "
+                "--zone, and --network, --subnetwork, --service-account if given "
+                f"(`gcloud compute tpus accelerator-types list --zone={zone}`)")
     elif isinstance(error, api_exceptions.NotFound):
         text = (f"not found while {doing}: {message}; check --tpu, --zone and --project "
                 f"(`python launch/tpu.py list --zone={zone}`)")

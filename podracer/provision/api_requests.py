@@ -21,14 +21,30 @@ LAUNCH_ID_LABEL = "podracer-launch"
 GUEST_ATTRIBUTES_QUERY = "podracer/"
 
 
+# `--tpu-version` values as the API's AcceleratorConfig.Type names them.
+_ACCELERATOR_TYPES = {"v5litepod": "V5LITE_POD"}
+
+
+def accelerator_config(spec: SliceSpec) -> tpu_v2.AcceleratorConfig:
+    name = _ACCELERATOR_TYPES.get(spec.tpu_version, spec.tpu_version.upper())
+    return tpu_v2.AcceleratorConfig(type_=tpu_v2.AcceleratorConfig.Type[name],
+                                    topology=spec.topology)
+
+
+def network_config(spec: SliceSpec) -> tpu_v2.NetworkConfig:
+    """Always sent. `enable_external_ips` is a plain bool: left out, it reads false (no
+    external IPs), whereas gcloud sends true unless --internal-ips; we do as gcloud."""
+    networking = spec.networking
+    return tpu_v2.NetworkConfig(network=networking.network, subnetwork=networking.subnetwork,
+                                enable_external_ips=networking.external_ips)
+
+
 def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.Node:
-    """The node to create: accelerator, image, billing tier, and the startup script."""
-    return tpu_v2.Node(
-        accelerator_type=spec.accelerator_type,
+    """The node to create: shape, image, tier, network, identity, and the startup script."""
+    node = tpu_v2.Node(
         runtime_version=spec.runtime_version,
-        # A queued resource carries the spot tier itself; a node carries it here.
-        scheduling_config=tpu_v2.SchedulingConfig(
-            spot=spec.spot and not spec.queued, reserved=spec.reserved),
+        network_config=network_config(spec),
+        tags=list(spec.networking.tags),
         metadata={
             STARTUP_SCRIPT_KEY: startup_script,
             # Workers report their progress as guest attributes.
@@ -36,6 +52,17 @@ def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.No
         },
         labels={MANAGED_BY_LABEL[0]: MANAGED_BY_LABEL[1], LAUNCH_ID_LABEL: launch_id},
     )
+    if spec.topology:
+        node.accelerator_config = accelerator_config(spec)
+    else:
+        node.accelerator_type = spec.accelerator_type
+    if spec.identity.service_account or spec.identity.scopes:
+        node.service_account = tpu_v2.ServiceAccount(
+            email=spec.identity.service_account, scope=list(spec.identity.scopes))
+    # A queued resource carries its tier itself (see `create_queued_resource_request`).
+    if not spec.queued and (spec.spot or spec.reserved):
+        node.scheduling_config = tpu_v2.SchedulingConfig(spot=spec.spot, reserved=spec.reserved)
+    return node
 
 
 def create_node_request(spec: SliceSpec, node: tpu_v2.Node) -> tpu_v2.CreateNodeRequest:
@@ -58,6 +85,10 @@ def create_queued_resource_request(
     )
     if spec.spot:
         resource.spot = tpu_v2.QueuedResource.Spot()
+    if spec.reserved:
+        # As `gcloud compute tpus queued-resources create --reserved` asks: any
+        # reservation of the project in the zone.
+        resource.reservation_name = f"{spec.parent}/reservations/-"
     return tpu_v2.CreateQueuedResourceRequest(
         parent=spec.parent,
         queued_resource_id=spec.name,

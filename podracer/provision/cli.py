@@ -9,25 +9,26 @@ Verbs, as a gcloud user expects them:
 - `down`: delete the slice (and its queued resource);
 - `list`: the slices in a zone.
 
-Flags this module does not know are training flags; they, and everything after
-`--`, are passed to `python launch/tpu.py` on every worker.
+The provisioner's flags are the fixed set below; every other flag is a training
+flag. Training flags, and everything after `--`, are checked here with the
+trainer's own parser (`preflight`) before anything is created, then passed to
+`python launch/tpu.py` on every worker.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import dataclasses
 import signal
 import sys
 from pathlib import Path
 
 from podracer.errors import Interrupted, PodracerError
-from podracer.provision.spec import Command, SliceSpec, Timing, default_runtime_version
+from podracer.provision import preflight, validate
+from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
+                                     Timing, default_runtime_version)
 
 VERBS = ("up", "status", "down", "list")
-_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-_ZONE = re.compile(r"[a-z0-9-]+")
-_PROJECT = re.compile(r"[a-z0-9.:-]+")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +57,13 @@ def _make_parser(verb: str) -> _Parser:
     slice_flags.add_argument("--zone", help="zone, e.g. us-central2-b")
     slice_flags.add_argument("--project", help="Google Cloud project (default: from ADC)")
     if verb in ("run", "up"):
-        slice_flags.add_argument("--accelerator-type", metavar="TYPE", help="e.g. v4-32")
+        slice_flags.add_argument("--accelerator-type", metavar="TYPE",
+                                 help="the slice by TensorCores, e.g. v4-32; or give "
+                                      "--tpu-version and --topology")
+        slice_flags.add_argument("--tpu-version", type=str.lower, choices=TPU_VERSIONS,
+                                 help="TPU version of a slice given by --topology (gcloud's --type)")
+        slice_flags.add_argument("--topology", metavar="AxBxC",
+                                 help="chips along each axis, e.g. 2x2x4 (v4, v5p) or 4x4 (v5e, v6e)")
         slice_flags.add_argument("--runtime-version", metavar="IMAGE",
                                  help="TPU VM image (default: the one for the TPU generation)")
         tier = slice_flags.add_mutually_exclusive_group()
@@ -64,6 +71,18 @@ def _make_parser(verb: str) -> _Parser:
         tier.add_argument("--reserved", action="store_true", help="use the project's reservation")
         slice_flags.add_argument("--queued", action="store_true",
                                  help="create a queued resource that waits for capacity")
+        net = parser.add_argument_group("network and identity (as gcloud compute tpus tpu-vm create)")
+        net.add_argument("--network", help="VPC network (default: the project's `default`)")
+        net.add_argument("--subnetwork", help="subnetwork of --network")
+        net.add_argument("--internal-ips", action="store_true",
+                         help="no external IPs on the workers; they then need Cloud NAT to reach "
+                              "PyPI and GitHub (default: external IPs, as gcloud)")
+        net.add_argument("--tags", action="append", metavar="TAG[,TAG...]",
+                         help="network tags for firewall rules; repeatable")
+        net.add_argument("--service-account", metavar="EMAIL",
+                         help="service account the workers run as (default: Compute Engine's)")
+        net.add_argument("--scopes", action="append", metavar="URL[,URL...]",
+                         help=f"OAuth scopes of the service account (default: {CLOUD_PLATFORM_SCOPE})")
         run_flags = parser.add_argument_group("the run")
         run_flags.add_argument("--keep", action="store_true",
                                help="never delete the slice, not even after a failure")
@@ -97,9 +116,10 @@ def _split_verb(argv: list[str]) -> tuple[str, list[str]]:
     return "run", argv
 
 
-def _check(pattern: re.Pattern, value: str, flag: str, example: str) -> None:
-    if not pattern.fullmatch(value):
-        raise PodracerError(f"{flag}={value!r} is not valid; use something like {flag}={example}")
+def provisioner_flags(verb: str = "run") -> list[str]:
+    """The provisioner's own flags for `verb`: a fixed set; every other flag is a training flag."""
+    return [option for action in _make_parser(verb)._actions
+            for option in action.option_strings if option.startswith("--")]
 
 
 def parse_command(argv: list[str]) -> Command:
@@ -114,40 +134,31 @@ def parse_command(argv: list[str]) -> Command:
         args.tpu = unknown.pop(0)  # `status NAME`, as with gcloud
     training_flags = tuple(unknown + after_dashes)
     if verb not in ("run", "up") and training_flags:
-        raise PodracerError(f"unexpected argument {training_flags[0]!r} for `{verb}`; "
-                            f"see `python launch/tpu.py {verb} --help`")
+        first = training_flags[0]
+        hint = preflight.suggestion(first, provisioner_flags(verb)) if first.startswith("--") else ""
+        raise PodracerError(f"unexpected argument {first!r} for `{verb}`{hint} "
+                            f"(see `python launch/tpu.py {verb} --help`)")
 
     required = {"--zone": args.zone}
     if verb != "list":
         required["--tpu"] = args.tpu
     if verb in ("run", "up"):
-        required["--accelerator-type"] = args.accelerator_type
+        shape_given = args.accelerator_type or args.tpu_version or args.topology
+        required["--accelerator-type (or --tpu-version with --topology)"] = shape_given
     missing = [flag for flag, value in required.items() if not value]
     if missing:
         raise PodracerError(f"`{verb}` needs {', '.join(missing)}; e.g. --tpu=my-slice "
                             "--zone=us-central2-b --accelerator-type=v4-32")
-    _check(_ZONE, args.zone, "--zone", "us-central2-b")
+    validate.check(validate.ZONE, args.zone, "--zone", "us-central2-b")
     if args.tpu is not None:
-        _check(_NAME, args.tpu, "--tpu", "my-slice (lowercase letters, digits, hyphens)")
+        validate.check(validate.NAME, args.tpu, "--tpu",
+                       "my-slice (lowercase letters, digits, hyphens)")
     if args.project is not None:
-        _check(_PROJECT, args.project, "--project", "my-project")
-
-    runtime_version = ""
+        validate.check(validate.PROJECT, args.project, "--project", "my-project")
+    spec = SliceSpec(project=args.project or "", zone=args.zone, name=args.tpu or "",
+                     queued=args.queued)
     if verb in ("run", "up"):
-        runtime_version = args.runtime_version or default_runtime_version(args.accelerator_type)
-        if not runtime_version:
-            raise PodracerError(f"no default image for --accelerator-type={args.accelerator_type}; "
-                                "pass --runtime-version (`gcloud compute tpus versions list`)")
-    spec = SliceSpec(
-        project=args.project or "",
-        zone=args.zone,
-        name=args.tpu or "",
-        accelerator_type=getattr(args, "accelerator_type", "") or "",
-        runtime_version=runtime_version,
-        spot=getattr(args, "spot", False),
-        reserved=getattr(args, "reserved", False),
-        queued=args.queued,
-    )
+        spec = _creation(spec, args)
     timing = Timing(poll_interval=args.poll_interval, ready_timeout=args.ready_timeout,
                     run_timeout=args.run_timeout, retry_deadline=args.retry_deadline,
                     call_timeout=min(Timing.call_timeout, args.retry_deadline))
@@ -164,6 +175,28 @@ def parse_command(argv: list[str]) -> Command:
     )
 
 
+def _creation(spec: SliceSpec, args: argparse.Namespace) -> SliceSpec:
+    """What `run` and `up` create: shape, image, tier, network and identity, all checked."""
+    accelerator_type, tpu_version, topology = validate.shape(
+        args.accelerator_type, args.tpu_version, args.topology)
+    runtime_version = args.runtime_version or default_runtime_version(
+        accelerator_type or tpu_version)
+    if not runtime_version:
+        raise PodracerError(f"no default image for --accelerator-type={accelerator_type}; "
+                            "pass --runtime-version (`gcloud compute tpus versions list`)")
+    return dataclasses.replace(
+        spec, accelerator_type=accelerator_type, tpu_version=tpu_version, topology=topology,
+        runtime_version=runtime_version, spot=args.spot, reserved=args.reserved,
+        networking=validate.networking(args.network, args.subnetwork, args.internal_ips, args.tags),
+        identity=validate.identity(args.service_account, args.scopes))
+
+
+def check_command(command: Command) -> None:
+    """Everything that can be checked before a slice exists; the training flags above all."""
+    if command.verb in ("run", "up"):
+        preflight.check_training_flags(command.training_flags, provisioner_flags(command.verb))
+
+
 def main(argv: list[str]) -> int:
     """Runs one provisioner command; returns the exit status.
 
@@ -176,6 +209,7 @@ def main(argv: list[str]) -> int:
 
     try:
         command = parse_command(argv)
+        check_command(command)
         return _load_commands().execute(command, say)
     except (PodracerError, Interrupted) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)

@@ -122,6 +122,10 @@ def _plan(command: Command, spec: SliceSpec) -> _Plan:
     else:
         create = requests.create_node_request(spec, node)
     notes.insert(0, f"workers install: {install_spec}")
+    if not spec.networking.external_ips:
+        notes.append("workers get internal IPs only (--internal-ips: networkConfig."
+                     "enableExternalIps is false): they reach PyPI and GitHub only through "
+                     "Cloud NAT on their subnetwork")
     return _Plan(create, launch_id, script, tuple(notes))
 
 
@@ -144,7 +148,7 @@ def launch_on_slice(api: TpuApi, create_request, launch_id: str, say: Say, *,
     # From the moment the create is sent the slice may exist, even if the call is
     # interrupted before its answer comes back.
     might_exist = True
-    say(f"creating TPU {spec.name} ({spec.accelerator_type}) in {spec.zone} ...")
+    say(f"creating TPU {spec.name} ({spec.shape}) in {spec.zone} ...")
     try:
         try:
             operation = create_slice(api, spec, create_request, launch_id)
@@ -268,9 +272,13 @@ def _list(api: TpuApi, say: Say) -> int:
 
 
 def _dry_run(command: Command, say: Say) -> int:
-    """Prints the requests as JSON, then the startup script; sends nothing."""
+    """Prints the requests as JSON, then notes and the startup script as `#` lines; sends nothing.
+
+    The JSON is what would be sent, so a field at its default (`false`, an
+    empty string) is absent from it; the notes say what that leaves out.
+    """
     spec = command.spec
-    script = None
+    script, notes = None, ()
     if command.verb == "list":
         sent = [requests.list_nodes_request(spec), requests.list_queued_resources_request(spec)]
     elif command.verb == "status":
@@ -280,7 +288,7 @@ def _dry_run(command: Command, say: Say) -> int:
         sent = [requests.get_node_request(spec), requests.delete_request(spec)]
     else:
         plan = _plan(command, spec)
-        script = plan.startup_script
+        script, notes = plan.startup_script, plan.install_notes
         sent = [plan.create_request]
         if spec.queued:
             sent.append(requests.get_queued_resource_request(spec))
@@ -290,6 +298,8 @@ def _dry_run(command: Command, say: Say) -> int:
             if not command.keep:
                 sent.append(requests.delete_request(spec))
     say(requests.describe_requests(sent))
+    for note in notes:
+        say(f"# {note}")
     if script is not None:
         say(f"# startup script (node metadata {requests.STARTUP_SCRIPT_KEY!r}, run on every worker):")
         say(script.rstrip("\n"))

@@ -42,14 +42,26 @@ def down_command(spec: SliceSpec) -> str:
     ])
 
 
+def node_shape(node: tpu_v2.Node) -> str:
+    """`v4-32`, or `V4 2x2x4` for a node created from a TPU version and a topology."""
+    config = node.accelerator_config
+    if node.accelerator_type or not config.topology:
+        return node.accelerator_type or "-"
+    return f"{config.type_.name} {config.topology}"
+
+
 def describe_node(node: tpu_v2.Node) -> list[str]:
     """The slice's state and its workers' addresses."""
     lines = [
         f"TPU {node.name.rsplit('/', 1)[-1]}: {node.state.name}"
         + (f" ({node.health.name})" if node.health else ""),
-        f"  accelerator: {node.accelerator_type}, image: {node.runtime_version}, "
+        f"  accelerator: {node_shape(node)}, image: {node.runtime_version}, "
         f"workers: {len(node.network_endpoints)}",
     ]
+    network = node.network_config
+    lines.append(f"  network: {network.network.rsplit('/', 1)[-1] or 'default'}, "
+                 f"{'external' if network.enable_external_ips else 'internal'} IPs, service "
+                 f"account: {node.service_account.email or 'Compute Engine default'}")
     if node.scheduling_config.spot:
         lines.append("  billing: spot (may be preempted)")
     elif node.scheduling_config.reserved:
@@ -86,14 +98,14 @@ def list_table(nodes: list[tpu_v2.Node], queued: list[tpu_v2.QueuedResource]) ->
         name = node.name.rsplit("/", 1)[-1]
         node_names.add(name)
         queued_resource = "yes" if node.queued_resource else "-"
-        rows.append((name, node.accelerator_type, node.state.name, node.runtime_version,
+        rows.append((name, node_shape(node), node.state.name, node.runtime_version,
                      queued_resource))
     for resource in queued:
         name = resource.name.rsplit("/", 1)[-1]
         specs = resource.tpu.node_spec
         if specs and specs[0].node_id in node_names:
             continue
-        accelerator = specs[0].node.accelerator_type if specs else "-"
+        accelerator = node_shape(specs[0].node) if specs else "-"
         rows.append((name, accelerator, resource.state.state.name, "-", "yes"))
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()

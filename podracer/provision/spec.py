@@ -21,15 +21,52 @@ _RUNTIME_BY_GENERATION = {
 }
 
 
-def default_runtime_version(accelerator_type: str) -> str | None:
-    """The TPU VM image for an accelerator type such as `v4-32`, or None if unknown."""
-    generation = accelerator_type.rsplit("-", 1)[0].lower()
+TPU_VERSIONS = tuple(_RUNTIME_BY_GENERATION)
+# What the workers' service account may call when --scopes is not given: every
+# Cloud API, which IAM roles then narrow down (the API's own default for an
+# empty scope list is the same).
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def default_runtime_version(accelerator: str) -> str | None:
+    """The TPU VM image for `v4-32` or for a TPU version such as `v4`; None if unknown."""
+    generation = accelerator.rsplit("-", 1)[0].lower()
     return _RUNTIME_BY_GENERATION.get(generation)
 
 
 @dataclass(frozen=True)
+class Networking:
+    """The workers' network (the node's NetworkConfig) and firewall tags.
+
+    Empty names leave the choice to the API: the project's `default` network.
+    Without external IPs a worker reaches the internet (PyPI, GitHub) only
+    through Cloud NAT, and Google APIs only with Private Google Access.
+    """
+
+    network: str = ""
+    subnetwork: str = ""
+    external_ips: bool = True
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Whom the workers act as: a service account ("" for Compute Engine's default) and its scopes.
+
+    No scopes means nothing is sent, and the API's defaults apply.
+    """
+
+    service_account: str = ""
+    scopes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SliceSpec:
-    """One TPU slice: where it is, what it is, and how it is billed."""
+    """One TPU slice: where it is, what it is, how it is billed, networked, and whom it acts as.
+
+    Its shape is `accelerator_type` (`v4-32`), or a TPU version and a chip
+    topology (`v4`, `2x2x4`): exactly one of the two.
+    """
 
     project: str
     zone: str
@@ -39,6 +76,15 @@ class SliceSpec:
     spot: bool = False
     reserved: bool = False
     queued: bool = False
+    tpu_version: str = ""
+    topology: str = ""
+    networking: Networking = Networking()
+    identity: Identity = Identity()
+
+    @property
+    def shape(self) -> str:
+        """`v4-32`, or `v4 2x2x4`: the slice's shape as the user gave it."""
+        return self.accelerator_type or f"{self.tpu_version} {self.topology}".strip()
 
     @property
     def parent(self) -> str:
