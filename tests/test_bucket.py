@@ -168,6 +168,9 @@ def test_sebulba_ppo_resumes_from_the_bucket_with_more_steps(bucket, tmp_path):
     # The config check reads the bucket's checkpoint: a changed setting is refused in one line.
     changed = _launch([*profiled, "--total-steps=8192", "--lr=0.01", f"--run-dir={run_dir}"], tmp_path)
     assert changed.returncode == 2 and "made with another config: --lr" in changed.stderr
+    # A save cut short by a kill: on Cloud Storage orbax writes into the step's own directory
+    # and commit_success.txt last. Such a step is not a checkpoint to resume from.
+    bucket.blob("sebulba/checkpoints/6144/_CHECKPOINT_METADATA").upload_from_string("{}")
     second = _launch([*profiled, "--total-steps=8192", f"--run-dir={run_dir}"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming {run_dir} from env step 4,096" in _first_line(second)

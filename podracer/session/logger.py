@@ -260,7 +260,7 @@ class RunLogger:
                 self._wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
                 self._wandb.finish()
             storage.write_text(self.staging.path(SUMMARY), json.dumps(summary, indent=2))
-            self.staging.sync()  # everything staged: rows, events, summary (and a profile trace)
+            self.staging.sync((METRICS, TENSORBOARD, SUMMARY))  # the session publishes the trace
             if self._owns_staging:
                 self.staging.close()
             if self._unprinted is not None:  # the last printed line is the final state
