@@ -220,3 +220,13 @@ def test_bucket_without_gcsfs_is_one_line_before_compiling(bucket, tmp_path):
     assert "compiling" not in result.stdout
     assert not _objects(bucket, "nogcsfs/")
     _no_local_gs(str(tmp_path))
+
+
+def test_a_missing_bucket_is_one_line(bucket, tmp_path):
+    result = _launch(["--total-steps=2048", "--run-dir=gs://no-such-bucket/run"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: cannot write to --run-dir=gs://no-such-bucket/run (no such bucket); pass a bucket and path "
+        "you can write to (and check your Google Cloud credentials)")
+    assert "Traceback" not in result.stderr
+    _no_local_gs(str(tmp_path))

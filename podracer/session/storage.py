@@ -129,7 +129,9 @@ def probe_writable(run_dir: str) -> None:
         target.write_text("")
         target.unlink()
     except Exception as err:  # noqa: BLE001 - gcsfs raises OSError subclasses and HTTP errors
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = ("no such bucket" if isinstance(err, FileNotFoundError) else
+                  "permission denied" if isinstance(err, PermissionError) else
+                  f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}")
         raise PodracerError(f"cannot write to --run-dir={run_dir} ({reason}); pass a bucket and "
                             f"path you can write to (and check your Google Cloud credentials)") from None
 
