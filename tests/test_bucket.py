@@ -230,3 +230,32 @@ def test_a_missing_bucket_is_one_line(bucket, tmp_path):
         "you can write to (and check your Google Cloud credentials)")
     assert "Traceback" not in result.stderr
     _no_local_gs(str(tmp_path))
+
+
+ES = {"anakin": (3200, ["--population=8", "--generations-per-call=2", "--eval-episodes=2", "--horizon=50",
+                        "--checkpoint-every=800"]),
+      "sebulba": (1500, ["--population=8", "--eval-episodes=2", "--checkpoint-every=300"])}
+
+
+@pytest.mark.parametrize("arch", list(ES))
+def test_es_writes_to_the_bucket(bucket, tmp_path, arch):
+    """The other pairs share the session: the same outputs reach the bucket (and W&B stays local)."""
+    run_dir = f"gs://{BUCKET}/{arch}-es"
+    total, flags = ES[arch]
+    args = ["--algo=es", f"--arch={arch}", *flags, f"--total-steps={total}", f"--run-dir={run_dir}", "--wandb"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    result = subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    prefix = f"{arch}-es/"
+    names = set(_objects(bucket, prefix))
+    assert {prefix + "metrics.jsonl", prefix + "summary.json"} <= names
+    assert [name for name in names if name.startswith(prefix + "tensorboard/events.out.tfevents.")]
+    assert _checkpoints(bucket, prefix)[-1] >= total
+    steps = [row["env_steps"] for row in _rows(bucket, prefix + "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] >= total
+    assert list((tmp_path / "wandb").glob("offline-run-*"))  # W&B's own default: ./wandb
+    again = subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                           env=env)
+    assert again.returncode == 0 and f"{run_dir} is a finished run" in again.stdout, again.stderr[-3000:]
+    _no_local_gs(str(tmp_path), REPO_ROOT)
