@@ -142,6 +142,7 @@ class RunSession:
             if self.logger is not None:  # a failed run's rows so far still reach a gs:// run directory
                 with contextlib.suppress(Exception):
                     self.logger.sync()
+            self.staging.close()
             raise
         finally:
             if self.checkpointer is not None:
