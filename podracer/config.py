@@ -68,7 +68,7 @@ class RunConfig:
     total_steps: int = bounded(500_000, POSITIVE)
     """Environment steps to train for (over every device)."""
     run_dir: str = ""
-    """Where the run's outputs go (metrics.jsonl, summary.json, tensorboard/, checkpoints/). Default: a new directory runs/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS, and runs/latest links to the newest. A directory that holds a checkpoint RESUMES from it: run the same command with the same --run-dir after a preemption, a crash or Ctrl-C (--total-steps may grow; other settings must match). A finished run's directory is reported and left unchanged."""
+    """Where the run's outputs go (metrics.jsonl, summary.json, tensorboard/, checkpoints/). Default: a new directory runs/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS, and runs/latest links to the newest. A directory that holds a checkpoint RESUMES from it: run the same command with the same --run-dir after a preemption, a crash or Ctrl-C (--total-steps may grow; other settings must match). A finished run's directory is reported and left unchanged. May be gs://BUCKET/PATH (pip install 'podracer-rl[gcs]'; name it yourself, runs/latest is local only)."""
     cpu_devices: int = bounded(0, NON_NEGATIVE)
     """On a CPU-only machine, split the CPU into this many JAX devices (0: JAX's default)."""
 

@@ -1,5 +1,7 @@
 """Plots of runs: `python -m podracer.plot RUN_DIR [RUN_DIR ...] [--out FILE.png]`.
 
+Run directories may be local or `gs://bucket/path`; the PNG is written locally.
+
 Learning curves (return against env steps and against wall time) with several
 runs overlaid; runs whose configs differ only in `--seed` are drawn as one
 curve, their mean, with a band from the lowest to the highest seed. If a run
@@ -15,21 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from podracer.errors import PodracerError
+from podracer.session import storage
 
 
 def _rows(run_dir: str) -> list[dict[str, Any]]:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
+    path = storage.join(run_dir, "metrics.jsonl")
+    if not storage.exists(path):
         raise PodracerError(f"{run_dir} has no metrics.jsonl; pass the --run-dir of a run")
     rows = []
-    for line in open(path):
+    for line in storage.read_text(path).splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:  # a line cut short by a kill
@@ -38,8 +40,8 @@ def _rows(run_dir: str) -> list[dict[str, Any]]:
 
 
 def _summary(run_dir: str) -> dict[str, Any]:
-    path = os.path.join(run_dir, "summary.json")
-    return json.load(open(path)) if os.path.exists(path) else {}
+    path = storage.join(run_dir, "summary.json")
+    return json.loads(storage.read_text(path)) if storage.exists(path) else {}
 
 
 def read_curve(run_dir: str, key: str = "episode_return_mean") -> dict[str, np.ndarray]:
@@ -73,7 +75,7 @@ def _config(run_dir: str) -> dict[str, Any]:
         config.pop("distributed", None)
         return config
     except PodracerError:
-        return {"label": os.path.basename(os.path.normpath(run_dir)),
+        return {"label": storage.name(run_dir),
                 "arch": summary.get("arch"), "algo": summary.get("algo"), "env": summary.get("env")}
 
 
@@ -87,7 +89,7 @@ def group_by_seed(run_dirs: list[str]) -> list[tuple[str, list[str]]]:
         groups.setdefault(key, []).append(run_dir)
         run = config.get("run", config)
         labels[key] = " ".join(str(run.get(k)) for k in ("arch", "algo", "env") if run.get(k)) or run_dir
-    return [(f"{labels[key]}: {os.path.basename(os.path.normpath(dirs[0]))}"
+    return [(f"{labels[key]}: {storage.name(dirs[0])}"
              f"{f' +{len(dirs) - 1} seeds' if len(dirs) > 1 else ''}", dirs)
             for key, dirs in groups.items()]
 
@@ -177,7 +179,7 @@ def figure(run_dirs: list[str]):
         axes[2].barh(names, [100 * row["share"] for row in rows])
         axes[2].tick_params(axis="y", labelsize=7)
         axes[2].set_xlabel("share of its thread's wall time (%)")
-        axes[2].set_title(f"time breakdown: {os.path.basename(os.path.normpath(run_dir))}")
+        axes[2].set_title(f"time breakdown: {storage.name(run_dir)}")
     fig.tight_layout()
     return fig
 

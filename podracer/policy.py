@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from podracer.session import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
-                                 restore_on_host)
+                                         restore_on_host)
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
 
 
 def read_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(meta, restored state as plain nested dicts) of the latest checkpoint in `run_dir`."""
-    if not os.path.isdir(run_dir):
+    """(meta, restored state as plain nested dicts) of the latest checkpoint in `run_dir` (local or gs://)."""
+    if not storage.isdir(run_dir):
         raise PodracerError(f"--run-dir={run_dir} does not exist; pass the directory of a finished run")
     if not has_checkpoint(run_dir):
         raise PodracerError(f"{run_dir} has no checkpoint; train with --run-dir={run_dir} first")
@@ -27,7 +27,7 @@ def read_run(run_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
     meta = checkpointer.read_meta(step)
     checkpointer.close()
     try:
-        state = restore_on_host(os.path.join(checkpoint_dir(run_dir), str(step), "state"))
+        state = restore_on_host(storage.join(checkpoint_dir(run_dir), str(step), "state"))
     except Exception as err:
         raise PodracerError(f"checkpoint {step} in {checkpoint_dir(run_dir)} is unreadable "
                             f"({type(err).__name__}); delete it to fall back to an older one") from None

@@ -42,6 +42,7 @@ from podracer.errors import PodracerError
 from podracer.normalize import init_running_stats, update_stats
 from podracer.policy import env_spec_of
 from podracer.ppo import PPOConfig, init_train_state
+from podracer.session import storage
 from podracer.types import TrainState
 from podracer.version import __version__
 
@@ -52,6 +53,10 @@ RECORD_CHUNK = 256
 def check_data_config(data: DataConfig, writes: bool = True) -> None:
     """Fail before training, not after it: the extra is installed, the dataset to clone
     exists, and (in the process that `writes` the recording) the output directory is free."""
+    for flag, path in (("--record-dataset", data.record_dataset), ("--init-from-dataset", data.init_from_dataset)):
+        if path and storage.is_remote(path):  # os.makedirs would make a local directory named `gs:`
+            raise PodracerError(f"{flag}={path}: datasets are read and written on a local disk only; "
+                                f"pass a local directory (and copy it to the bucket afterwards)")
     if data.record_dataset or data.init_from_dataset:
         import_tfds()
     if data.record_dataset and writes:

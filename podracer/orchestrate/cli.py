@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sys
 from typing import Any, Sequence
 
@@ -16,7 +15,7 @@ from podracer import config as run_config
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
 from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
-from podracer.session import signals
+from podracer.session import signals, storage
 from podracer.session.checkpoint import check_resumable
 from podracer.session.run_dir import (RunDirState, finished_message, latest_checkpoint_steps,
                                       link_latest, prepare_run_dir, unlink_new_run)
@@ -29,6 +28,7 @@ def run(argv: Sequence[str], parsed: Parsed | None = None) -> dict:
     parsed = parsed or parse(argv)
     configs = parsed.configs
     run_cfg: run_config.RunConfig = configs["run"]
+    storage.check(run_cfg.run_dir)  # gs:// needs its optional dependency: say so before anything starts
     # Library chatter (orbax logs through absl) would break the one-line error
     # contract; everything a user must see is reported by podracer itself.
     logging.getLogger("absl").setLevel(logging.CRITICAL)
@@ -45,13 +45,13 @@ def run(argv: Sequence[str], parsed: Parsed | None = None) -> dict:
     if state.finished:
         if main_process:
             print(finished_message(run_dir, state), flush=True)
-        summary_path = os.path.join(run_dir, "summary.json")
-        return json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+        summary_path = storage.join(run_dir, "summary.json")
+        return json.loads(storage.read_text(summary_path)) if storage.exists(summary_path) else {}
     _check_env(configs["run"])
     if state.resumes:
         signals.set_nothing_saved(
             f"the checkpoint at env step {state.checkpoint_steps:,} in {run_dir} is untouched")
-    new_dir = not state.resumes and not os.path.exists(run_dir)
+    new_dir = not state.resumes and not storage.exists(run_dir)
     previous_latest = None
     if "run_dir" not in parsed.given and main_process:
         prepare_run_dir(run_dir)

@@ -3,8 +3,11 @@
 A run directory holds `checkpoints/<env_steps>/` written by orbax's
 `CheckpointManager`: the whole state pytree (train state, every RNG key, the
 environment state, normalisers) and a JSON item with the run's config. Orbax
-writes each checkpoint into a temporary directory and renames it when complete,
-so a process killed mid-save leaves the previous checkpoint untouched.
+writes each checkpoint into a temporary directory and renames it when complete
+(on Cloud Storage, which cannot rename, it writes `commit_success.txt` last),
+so a process killed mid-save leaves the previous checkpoint untouched; only
+complete checkpoints count (`checkpoint_steps`). The run directory may be a
+local path or `gs://bucket/path`: orbax and tensorstore write either.
 
 Resuming is automatic: a run directory that already has a checkpoint continues
 from its latest one, provided the config matches (only the settings listed in
@@ -25,7 +28,7 @@ import jax
 from podracer.config import used_configs
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
-from podracer.session import signals
+from podracer.session import signals, storage
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -94,12 +97,22 @@ def check_resumable(run_dir: str, config: CheckpointConfig, configs: dict[str, A
 
 
 def checkpoint_dir(run_dir: str) -> str:
-    return os.path.abspath(os.path.join(run_dir, CHECKPOINT_DIR))
+    path = storage.join(run_dir, CHECKPOINT_DIR)
+    return path if storage.is_remote(path) else os.path.abspath(path)
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """Env steps of the run's complete checkpoints, oldest first (orbax's own test of complete)."""
+    path = checkpoint_dir(run_dir)
+    if not storage.isdir(path):
+        return []
+    import orbax.checkpoint as ocp
+
+    return sorted(ocp.path.step.checkpoint_steps(path))
 
 
 def has_checkpoint(run_dir: str) -> bool:
-    path = checkpoint_dir(run_dir)
-    return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+    return bool(checkpoint_steps(run_dir))
 
 
 class Checkpointer:
@@ -177,6 +190,7 @@ def restore_on_host(state_dir: str) -> Any:
     """
     import orbax.checkpoint as ocp
 
+    storage.check(state_dir)
     checkpointer = ocp.StandardCheckpointer()
     tree = checkpointer.metadata(state_dir).item_metadata
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

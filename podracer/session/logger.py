@@ -4,6 +4,11 @@ Keys every architecture and algorithm writes (stable; later additions only add):
 `env_steps`, `sps`, `episode_return_mean`; the summary adds `wall_s`. Evolution
 strategies add `mean_params_return` (shown on the progress line) and `generations`.
 
+For a `gs://` run directory, `metrics.jsonl` and the TensorBoard events are
+written locally (`storage.Staging`) and copied to the bucket at the first row,
+then at most every `SYNC_INTERVAL_S`, before every checkpoint (`sync()`) and
+at the end: the bucket's rows always cover its latest checkpoint.
+
 The progress line reads
 
     steps     100,352/500,000 (20%)      23,456 steps/s  return    21.50  elapsed 0:00:04  eta 0:00:17
@@ -21,12 +26,20 @@ import time
 from typing import Any, TextIO
 
 from podracer.errors import PodracerError
+from podracer.session import storage
 
 # The clock the logger reads; a module attribute so that tests can drive it.
 clock = time.perf_counter
 
 # On a terminal the line rewrites itself in place, at most this often.
 TERMINAL_INTERVAL_S = 0.1
+
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+SUMMARY = "summary.json"
+# A gs:// run directory gets the growing files at most this often between
+# checkpoints: each copy is a whole-object upload, made on the logging thread.
+SYNC_INTERVAL_S = 10.0
 
 
 def _jsonable(value: Any) -> Any:
@@ -49,8 +62,11 @@ def start_wandb(configs: dict[str, Any]) -> Any:
     except ImportError:
         raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb") from None
     run = configs["run"]
-    return wandb.init(project=logging_config.wandb_project, dir=run.run_dir,
-                      name=os.path.basename(os.path.abspath(run.run_dir)),
+    # W&B keeps its files in a local directory: RUN_DIR/wandb for a local run
+    # directory; for a gs:// one, W&B's own default (./wandb, or $WANDB_DIR).
+    return wandb.init(project=logging_config.wandb_project,
+                      dir=None if storage.is_remote(run.run_dir) else run.run_dir,
+                      name=storage.name(run.run_dir),
                       config={name: dataclasses.asdict(cfg) for name, cfg in configs.items()})
 
 
@@ -92,12 +108,18 @@ class RunLogger:
     elsewhere (CI, log files, notebook cells) it prints one plain line at most
     every `min_interval_s`. The first row, the final row (`env_steps >=
     total_steps`) and the last row before `summary()` are always shown.
+
+    Files go into `staging` (by default the run directory's own,
+    `storage.Staging(run_dir)`), published to a `gs://` run directory by `sync()`.
     """
 
     def __init__(self, run_dir: str, total_steps: int, stream: TextIO | None = None,
                  enabled: bool = True, resume_steps: int = 0, wandb_run: Any = None,
-                 min_interval_s: float = 5.0):
+                 min_interval_s: float = 5.0, staging: storage.Staging | None = None):
         self.run_dir = run_dir
+        self._owns_staging = staging is None
+        self.staging = staging or storage.Staging(run_dir)
+        self._last_sync: float | None = None
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.enabled = enabled
@@ -122,16 +144,17 @@ class RunLogger:
             from tensorboardX import SummaryWriter
 
             # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
-            self._tensorboard = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            self._tensorboard = SummaryWriter(self.staging.path(TENSORBOARD))
 
     def _open_metrics(self, resume_steps: int) -> TextIO:
-        """A fresh file, or, when resuming, the rows up to the checkpoint, then append."""
-        path = os.path.join(self.run_dir, "metrics.jsonl")
+        """A fresh file, or, when resuming, the run directory's rows up to the checkpoint, then append."""
+        path = self.staging.path(METRICS)
         if not resume_steps:
             return open(path, "w")
         kept = []
-        if os.path.exists(path):
-            for line in open(path):
+        published = storage.join(self.run_dir, METRICS)
+        if storage.exists(published):
+            for line in storage.read_text(published).splitlines(keepends=True):
                 try:
                     row = json.loads(line)
                 except ValueError:  # a line cut short by a kill
@@ -177,7 +200,22 @@ class RunLogger:
             self._tensorboard.add_scalar(f"podracer/{key}", value, metrics["env_steps"])
         if self._wandb is not None:
             self._wandb.log(scalars, step=metrics["env_steps"])
+        if self.staging.remote and (self._last_sync is None or clock() - self._last_sync >= SYNC_INTERVAL_S):
+            self.sync()
         self._progress(metrics)
+
+    def sync(self) -> None:
+        """Copy `metrics.jsonl` and the TensorBoard events, as they are now, to a `gs://` run directory.
+
+        The session calls it before every checkpoint, so that the rows up to a
+        checkpoint are in the bucket before the checkpoint is.
+        """
+        if not (self.enabled and self.staging.remote):
+            return
+        self._file.flush()
+        self._tensorboard.flush()
+        self.staging.sync((METRICS, TENSORBOARD))
+        self._last_sync = clock()
 
     def _progress(self, metrics: dict[str, Any]) -> None:
         now = clock()
@@ -221,11 +259,10 @@ class RunLogger:
             if self._wandb is not None:
                 self._wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
                 self._wandb.finish()
-            path = os.path.join(self.run_dir, "summary.json")
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(summary, f, indent=2)
-            os.replace(tmp, path)
+            storage.write_text(self.staging.path(SUMMARY), json.dumps(summary, indent=2))
+            self.staging.sync((METRICS, TENSORBOARD, SUMMARY))  # the session publishes the trace
+            if self._owns_staging:
+                self.staging.close()
             if self._unprinted is not None:  # the last printed line is the final state
                 self._write_line(self._unprinted)
             self._end_line()

@@ -4,6 +4,11 @@ Without `--run-dir` a run gets a new directory named for what it is and when
 (`runs/anakin-ppo-CartPole-v1-20261123-142501`), and `runs/latest` links to the
 newest. A directory that holds a checkpoint resumes from it; one whose latest
 checkpoint already covers `--total-steps` is finished and is left as it is.
+
+`--run-dir` may also be `gs://bucket/path` (see `podracer.session.storage`):
+resuming and the finished check work the same there; the new directory per
+run and `runs/latest` are local conveniences, since a bucket's run directory
+is always named.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import re
 import time
 from typing import NamedTuple
 
-from podracer.errors import PodracerError
+from podracer.session import storage
 
 RUNS_ROOT = "runs"
 LATEST = "latest"
@@ -34,8 +39,11 @@ def new_run_name(arch: str, algo: str, env: str, when: float, root: str = RUNS_R
 def link_latest(run_dir: str) -> str | None:
     """Point `runs/latest` (beside `run_dir`) at it; returns the previous target, if any.
 
-    A real directory named `latest` (an older run's) is never replaced.
+    A real directory named `latest` (an older run's) is never replaced; a
+    `gs://` run directory gets no link.
     """
+    if storage.is_remote(run_dir):
+        return None
     parent, name = os.path.split(os.path.normpath(run_dir))
     latest = os.path.join(parent, LATEST)
     if os.path.exists(latest) and not os.path.islink(latest):
@@ -55,8 +63,11 @@ def unlink_new_run(run_dir: str, previous_latest: str | None) -> None:
     """Remove a new run directory that nothing was written to, and restore `runs/latest`.
 
     Called when a new run fails before it wrote anything (a setting refused
-    while building), so a mistake leaves no empty directory behind.
+    while building), so a mistake leaves no empty directory behind. (A `gs://`
+    one never holds anything before training: there is nothing to remove.)
     """
+    if storage.is_remote(run_dir):
+        return
     if os.path.isdir(run_dir) and not os.listdir(run_dir):
         os.rmdir(run_dir)
     latest = os.path.join(os.path.dirname(os.path.normpath(run_dir)), LATEST)
@@ -67,16 +78,8 @@ def unlink_new_run(run_dir: str, previous_latest: str | None) -> None:
 
 
 def prepare_run_dir(run_dir: str) -> str:
-    """Create `run_dir` (and parents) or explain why it cannot be written."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, ".write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise PodracerError(f"cannot write to --run-dir={run_dir} ({err.strerror}); "
-                            f"pass a directory you can write to") from None
+    """Create `run_dir` (and parents) or explain why it cannot be written (local or `gs://`)."""
+    storage.probe_writable(run_dir)
     return run_dir
 
 
@@ -97,19 +100,16 @@ class RunDirState(NamedTuple):
 
 def latest_checkpoint_steps(run_dir: str) -> int | None:
     """Env steps of the newest complete checkpoint (orbax names each by its step)."""
-    from podracer.session.checkpoint import checkpoint_dir
+    from podracer.session.checkpoint import checkpoint_steps
 
-    path = checkpoint_dir(run_dir)
-    if not os.path.isdir(path):
-        return None
-    steps = [int(name) for name in os.listdir(path) if name.isdigit()]
-    return max(steps) if steps else None
+    steps = checkpoint_steps(run_dir)
+    return steps[-1] if steps else None
 
 
 def finished_message(run_dir: str, state: RunDirState) -> str:
     outputs = [name for name in ("summary.json", "metrics.jsonl", "tensorboard", "checkpoints")
-               if os.path.exists(os.path.join(run_dir, name))]
+               if storage.exists(storage.join(run_dir, name))]
     return (f"{run_dir} is a finished run ({state.checkpoint_steps:,} env steps of "
             f"--total-steps={state.total_steps:,}); nothing to do. Its results: "
-            f"{', '.join(os.path.join(run_dir, name) for name in outputs)}. "
+            f"{', '.join(storage.join(run_dir, name) for name in outputs)}. "
             f"Pass a larger --total-steps to train it further, or leave out --run-dir for a new run.")

@@ -13,7 +13,10 @@ step or thread set, its extra metrics); the session does the rest:
 
 Every flag that concerns the host (`--run-dir`, `--checkpoint-every`,
 `--wandb`, `--profile`, `--record-dataset`, `--init-from-dataset`) is
-therefore handled here, once, for every pair.
+therefore handled here, once, for every pair. So is a `gs://` run directory:
+checkpoints go there through orbax; the files that grow or that libraries
+write locally (metrics, TensorBoard events, the profile trace, the summary) go
+through `self.staging` (`podracer.session.storage`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import prepare_run_dir
+from podracer.session import storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -50,9 +54,13 @@ class RunSession:
         self.wall_start = time.perf_counter()
         self.main_process = parallel.is_main_process()
         # Everything that needs no compilation is checked before anything is built.
+        storage.check(self.run.run_dir)
         check_data_config(self.data, writes=self.main_process)
         self.resuming = check_resumable(self.run.run_dir, configs["checkpoint"], configs)
-        self.profiler = make_profiler(configs["logging"], self.run.run_dir)
+        # Where this process writes the files a gs:// run directory gets by copy.
+        self.staging = storage.Staging(self.run.run_dir)
+        self.profiler = make_profiler(
+            configs["logging"], self.staging.local if configs["logging"].profile else self.run.run_dir)
         self.timings: Timings = self.profiler or Timings()
         self.checkpointer: Checkpointer | None = None
         self.logger: RunLogger | None = None
@@ -102,7 +110,7 @@ class RunSession:
         """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
         self.compile_s = compile_s
         self.logger = RunLogger(self.run.run_dir, total_steps, enabled=self.main_process,
-                                resume_steps=self.resumed_from or 0,
+                                resume_steps=self.resumed_from or 0, staging=self.staging,
                                 wandb_run=start_wandb(self.configs) if self.main_process else None)
         self.logger.compiled(compile_s)
         if self.profiler:
@@ -129,18 +137,36 @@ class RunSession:
                 self.stop = stop
                 yield stop
             self.train_s = self.elapsed()
-            self.profile = self.profiler.stop(profile_note) if self.profiler else None
+            self.profile = self._publish_trace(self.profiler.stop(profile_note)) if self.profiler else None
+        except BaseException:
+            if self.logger is not None:  # a failed run's rows so far still reach a gs:// run directory
+                with contextlib.suppress(Exception):
+                    self.logger.sync()
+            self.staging.close()
+            raise
         finally:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
                 self.checkpointer.close()
 
+    def _publish_trace(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Copy the trace to a gs:// run directory; the report then names it there."""
+        self.staging.sync(("profile",))
+        return {**report, "trace_dir": self.staging.published(report["trace_dir"]),
+                "trace_file": self.staging.published(report["trace_file"])}
+
     def log(self, row: dict[str, Any]) -> None:
         self.logger.log(row)
 
     def save(self, env_steps: int, state: Any, meta: dict[str, Any]) -> None:
-        """Start an asynchronous checkpoint of `state` at `env_steps`."""
+        """Start an asynchronous checkpoint of `state` at `env_steps`.
+
+        The rows logged so far reach a gs:// run directory first, so that its
+        `metrics.jsonl` always covers its latest checkpoint.
+        """
         with self.measure("checkpoint"):
+            if self.logger is not None:
+                self.logger.sync()
             self.checkpointer.save(env_steps, state, meta)
         self.last_saved = env_steps
 
@@ -204,6 +230,7 @@ class RunSession:
             **({"profile": self.profile} if self.profile else {}),
             "config": config_record(used_configs(self.configs)),
         })
+        self.staging.close()
         if breakdown and self.logger.enabled and not self.profiler:  # a profile prints its own table
             self.logger.stream.write(format_breakdown(totals, self.train_s))
             self.logger.stream.flush()

@@ -1,0 +1,212 @@
+"""Run directories that are local paths or `gs://bucket/path` URLs, through `etils.epath`.
+
+A run's outputs take either kind of directory without special cases:
+
+- checkpoints: orbax (tensorstore for the arrays, `epath` for the rest) takes a
+  `gs://` directory itself;
+- small files read or written whole (`summary.json`, the resume check, plots):
+  the functions here (`exists`, `read_text`, `write_text`, ...), on `epath`,
+  which reaches `gs://` through fsspec's `gcsfs` (TensorFlow's gfile where
+  TensorFlow is installed);
+- files that libraries write only to a local disk, or that grow by appends
+  (TensorBoard events from tensorboardX, the `jax.profiler` trace,
+  `metrics.jsonl`: Cloud Storage objects cannot be appended to): `Staging`
+  writes them into a local directory and `sync()` copies what changed to the
+  run directory. For a local run directory the staging directory is the run
+  directory itself and `sync()` does nothing.
+
+Credentials and endpoints are those of the libraries (Application Default
+Credentials; `STORAGE_EMULATOR_HOST` and `TENSORSTORE_GCS_HTTP_URL` where the
+libraries document them); nothing here chooses either.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tempfile
+import threading
+import uuid
+from typing import Iterable
+
+from podracer.errors import PodracerError
+
+REMOTE_SCHEME = "gs://"
+EXTRA = "gcs"  # the optional dependency that brings gcsfs
+
+
+def is_remote(path: str) -> bool:
+    """Whether `path` is a URL (`gs://...`) rather than a local path."""
+    return "://" in os.fspath(path)
+
+
+def check(path: str) -> None:
+    """Refuse, in one line, a run directory podracer cannot write: another scheme, or `gs://`
+    without the `gcs` extra. Local paths pass."""
+    path = os.fspath(path)
+    if not is_remote(path):
+        return
+    if not path.startswith(REMOTE_SCHEME) or not path[len(REMOTE_SCHEME):].split("/")[0]:
+        raise PodracerError(f"{path} is neither a local directory nor gs://BUCKET/PATH; "
+                            f"pass one of those")
+    try:
+        import gcsfs  # noqa: F401  (epath reaches gs:// through it)
+    except ImportError:
+        raise PodracerError(f"{path} needs the optional '{EXTRA}' dependency (gcsfs); "
+                            f"pip install 'podracer-rl[{EXTRA}]'") from None
+
+
+def _path(path: str):
+    from etils import epath
+
+    check(path)
+    return epath.Path(path)
+
+
+def join(base: str, *names: str) -> str:
+    """`base/name/...`; a URL stays a URL (`os.path` would turn `gs://b` into `gs:/b`)."""
+    if is_remote(base):
+        return posixpath.join(base, *names)
+    return os.path.join(base, *names)
+
+
+def name(path: str) -> str:
+    """The last component of a directory's path: `gs://b/runs/x/` -> `x`."""
+    path = os.fspath(path)
+    if is_remote(path):
+        return posixpath.basename(path.rstrip("/"))
+    return os.path.basename(os.path.abspath(path))
+
+
+def exists(path: str) -> bool:
+    return _path(path).exists()
+
+
+def isdir(path: str) -> bool:
+    return _path(path).is_dir()
+
+
+def read_text(path: str) -> str:
+    return _path(path).read_text()
+
+
+def write_text(path: str, text: str) -> None:
+    """Replace the file at `path` with `text`; a reader never sees it half-written.
+
+    A Cloud Storage object is replaced whole by one upload; a local file is
+    written beside and renamed over the old one.
+    """
+    if is_remote(path):
+        _path(path).write_text(text)
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def probe_writable(run_dir: str) -> None:
+    """Create `run_dir` (locally, with parents) and prove it can be written; one-line error if not.
+
+    Cloud Storage has no directories: a `gs://` run directory is proved by
+    writing and deleting an object in it, which also proves the bucket exists
+    (nothing creates buckets).
+    """
+    probe = join(run_dir, f".write-test-{uuid.uuid4().hex[:12]}")  # one per process
+    if not is_remote(run_dir):
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as err:
+            raise PodracerError(f"cannot write to --run-dir={run_dir} ({err.strerror}); "
+                                f"pass a directory you can write to") from None
+        return
+    target = _path(probe)
+    try:
+        target.write_text("")
+        target.unlink()
+    except Exception as err:  # noqa: BLE001 - gcsfs raises OSError subclasses and HTTP errors
+        reason = ("no such bucket" if isinstance(err, FileNotFoundError) else
+                  "permission denied" if isinstance(err, PermissionError) else
+                  f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}")
+        raise PodracerError(f"cannot write to --run-dir={run_dir} ({reason}); pass a bucket and "
+                            f"path you can write to (and check your Google Cloud credentials)") from None
+
+
+def upload(local: str, remote: str) -> None:
+    """Copy the local file `local` to `remote` (a URL), replacing it."""
+    with open(local, "rb") as src, _path(remote).open("wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+
+
+class Staging:
+    """A local directory for files written locally and published to the run directory by `sync()`.
+
+    For a local run directory `local` is the run directory and `sync()` does
+    nothing. For a `gs://` one, `local` is a new temporary directory (made on
+    first use); `sync()` uploads each file that changed since it last did, to
+    the same relative path under the run directory; `close()` removes it.
+    """
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.remote = is_remote(run_dir)
+        self._local: str | None = None if self.remote else run_dir
+        self._uploaded: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) sent
+        self._lock = threading.Lock()
+
+    @property
+    def local(self) -> str:
+        """The local directory to write into."""
+        if self._local is None:
+            self._local = tempfile.mkdtemp(prefix="podracer-staging-")
+        return self._local
+
+    def path(self, *names: str) -> str:
+        """Where to write `RUN_DIR/names...` locally."""
+        return os.path.join(self.local, *names)
+
+    def published(self, local_path: str | None) -> str | None:
+        """The run-directory path that `sync()` gives the local file `local_path`."""
+        if local_path is None or not self.remote:
+            return local_path
+        relative = os.path.relpath(local_path, self.local)
+        return self.run_dir if relative == "." else join(self.run_dir, *relative.split(os.sep))
+
+    def sync(self, names: Iterable[str] | None = None) -> int:
+        """Upload what changed under `names` (top-level entries; all by default); returns the count."""
+        if not self.remote or self._local is None:
+            return 0
+        with self._lock:
+            tops = list(names) if names is not None else sorted(os.listdir(self._local))
+            sent = 0
+            for top in tops:
+                for relative in _files_under(self._local, top):
+                    stat = os.stat(os.path.join(self._local, relative))
+                    if self._uploaded.get(relative) == (stat.st_size, stat.st_mtime_ns):
+                        continue
+                    upload(os.path.join(self._local, relative), join(self.run_dir, *relative.split(os.sep)))
+                    self._uploaded[relative] = (stat.st_size, stat.st_mtime_ns)
+                    sent += 1
+            return sent
+
+    def close(self) -> None:
+        """Remove a temporary staging directory (after its last `sync()`)."""
+        if self.remote and self._local is not None:
+            shutil.rmtree(self._local, ignore_errors=True)
+            self._local = None
+            self._uploaded.clear()
+
+
+def _files_under(root: str, top: str) -> list[str]:
+    """Relative paths of the files at or under `root/top`."""
+    start = os.path.join(root, top)
+    if os.path.isfile(start):
+        return [top]
+    found = []
+    for folder, _, files in os.walk(start):
+        found += [os.path.relpath(os.path.join(folder, f), root) for f in sorted(files)]
+    return found
