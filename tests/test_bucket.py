@@ -256,3 +256,15 @@ def test_es_writes_to_the_bucket(bucket, tmp_path, arch):
     assert steps == sorted(set(steps)) and steps[-1] >= total
     assert list((tmp_path / "wandb").glob("offline-run-*"))  # W&B's own default: ./wandb
     _no_local_gs(str(tmp_path), REPO_ROOT)
+
+
+@pytest.mark.parametrize("flag", ["record_dataset", "init_from_dataset"])
+def test_datasets_stay_local(flag):
+    """A dataset in a bucket is refused in one line before anything is built (not written to ./gs:)."""
+    from podracer.data.config import DataConfig
+    from podracer.data.train_hooks import check_data_config
+    from podracer.errors import PodracerError
+
+    with pytest.raises(PodracerError, match=f"--{flag.replace('_', '-')}=gs://b/d: datasets are read and written "
+                                            f"on a local disk only"):
+        check_data_config(DataConfig(**{flag: "gs://b/d"}))
