@@ -124,6 +124,8 @@ def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -
 def load_policy(run_dir: str, deterministic: bool = False) -> Callable:
     """A pure, jittable `act(obs, key) -> actions` from the run's latest checkpoint.
 
+    `run_dir` is a local directory or `gs://bucket/path`.
+
     Works for every architecture and algorithm. Observations are a batch
     [B, ...] as the run's environment yields them (gymnax for Anakin, envpool
     for Sebulba). For PPO, `deterministic=True` takes the most likely (or mean)

@@ -255,7 +255,16 @@ def test_es_writes_to_the_bucket(bucket, tmp_path, arch):
     steps = [row["env_steps"] for row in _rows(bucket, prefix + "metrics.jsonl")]
     assert steps == sorted(set(steps)) and steps[-1] >= total
     assert list((tmp_path / "wandb").glob("offline-run-*"))  # W&B's own default: ./wandb
-    again = subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                           env=env)
-    assert again.returncode == 0 and f"{run_dir} is a finished run" in again.stdout, again.stderr[-3000:]
     _no_local_gs(str(tmp_path), REPO_ROOT)
+
+
+@pytest.mark.parametrize("flag", ["record_dataset", "init_from_dataset"])
+def test_datasets_stay_local(flag):
+    """A dataset in a bucket is refused in one line before anything is built (not written to ./gs:)."""
+    from podracer.data.config import DataConfig
+    from podracer.data.train_hooks import check_data_config
+    from podracer.errors import PodracerError
+
+    with pytest.raises(PodracerError, match=f"--{flag.replace('_', '-')}=gs://b/d: datasets are read and written "
+                                            f"on a local disk only"):
+        check_data_config(DataConfig(**{flag: "gs://b/d"}))
