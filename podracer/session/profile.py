@@ -181,11 +181,6 @@ class Profiler(Timings):
         return report
 
 
-def no_measure(name: str):
-    """What a driver uses for `Profiler.measure` when not profiling: times nothing."""
-    return contextlib.nullcontext()
-
-
 def make_profiler(config, run_dir: str) -> Profiler | None:
     """The run's profiler when `config` (a `LogConfig`) asks for `--profile`, else None."""
     if not config.profile:
