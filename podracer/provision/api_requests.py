@@ -19,6 +19,9 @@ STARTUP_SCRIPT_KEY = "startup-script"
 MANAGED_BY_LABEL = ("managed-by", "podracer")
 LAUNCH_ID_LABEL = "podracer-launch"
 GUEST_ATTRIBUTES_QUERY = "podracer/"
+# Node metadata naming the run's directory in its bucket: `status`, `logs` and
+# `attach` find the run from the slice's name.
+RUN_DIR_KEY = "podracer-run-dir"
 
 
 # `--tpu-version` values as the API's AcceleratorConfig.Type names them.
@@ -39,7 +42,7 @@ def network_config(spec: SliceSpec) -> tpu_v2.NetworkConfig:
                                 enable_external_ips=networking.external_ips)
 
 
-def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.Node:
+def make_node(spec: SliceSpec, startup_script: str, launch_id: str, run_dir: str) -> tpu_v2.Node:
     """The node to create: shape, image, tier, network, identity, and the startup script."""
     node = tpu_v2.Node(
         runtime_version=spec.runtime_version,
@@ -49,6 +52,7 @@ def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.No
             STARTUP_SCRIPT_KEY: startup_script,
             # Workers report their progress as guest attributes.
             "enable-guest-attributes": "TRUE",
+            RUN_DIR_KEY: run_dir,
         },
         labels={MANAGED_BY_LABEL[0]: MANAGED_BY_LABEL[1], LAUNCH_ID_LABEL: launch_id},
     )

@@ -1,4 +1,4 @@
-"""`python launch/tpu.py [up|status|down|list] --tpu=NAME --zone=ZONE ... [training flags]`.
+"""`python launch/tpu.py [up|status|logs|down|list] --tpu=NAME --zone=ZONE ... [training flags]`.
 
 Verbs, as a gcloud user expects them:
 - no verb: create the slice, run training on every worker, wait for the run to
@@ -6,8 +6,15 @@ Verbs, as a gcloud user expects them:
 - `up`: create the slice and start training, then return; the slice keeps
   running until `down`;
 - `status`: the slice's state and what each worker's run is doing;
+- `logs NAME` (or `logs gs://BUCKET/RUN`): the workers' logs, from the run's
+  bucket (`--worker=I` for one, `--follow` until the run ends);
 - `down`: delete the slice (and its queued resource);
 - `list`: the slices in a zone.
+
+A run on a slice lives in a bucket (`--bucket=gs://BUCKET`, or
+`--run-dir=gs://BUCKET/PATH`): the code the workers install (a wheel of this
+checkout and a lock of its dependencies), checkpoints, metrics, the summary and
+the workers' logs. The slice's disks are deleted with it.
 
 The provisioner's flags are the fixed set below; every other flag is a training
 flag. Training flags, and everything after `--`, are checked here with the
@@ -28,7 +35,7 @@ from podracer.provision import preflight, validate
 from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
                                      Timing, default_runtime_version)
 
-VERBS = ("up", "status", "down", "list")
+VERBS = ("up", "status", "logs", "down", "list")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +53,12 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
     return value
+
+
+def _worker_index(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a worker number (0, 1, ...)")
+    return int(text)
 
 
 def _make_parser(verb: str) -> _Parser:
@@ -86,13 +99,20 @@ def _make_parser(verb: str) -> _Parser:
         run_flags = parser.add_argument_group("the run")
         run_flags.add_argument("--keep", action="store_true",
                                help="never delete the slice, not even after a failure")
-        run_flags.add_argument("--install-spec", metavar="REQUIREMENT",
-                               help="pip requirement the workers install (default: this commit "
-                                    "or version of podracer)")
+        run_flags.add_argument("--bucket", metavar="gs://BUCKET[/PREFIX]",
+                               help="where the run lives: its staged code, checkpoints, metrics, "
+                                    "summary and the workers' logs, in PREFIX/runs/NAME (or give "
+                                    "--run-dir=gs://BUCKET/PATH)")
         run_flags.add_argument("--launcher", type=Path, metavar="PATH",
                                help="launcher file the workers run (default: launch/tpu.py)")
     else:
         parser.add_argument("--queued", action="store_true", help=argparse.SUPPRESS)
+    if verb == "logs":
+        logs = parser.add_argument_group("logs")
+        logs.add_argument("--worker", type=_worker_index, metavar="I",
+                          help="one worker's log (default: every worker's, each line marked)")
+        logs.add_argument("--follow", action="store_true",
+                          help="keep printing as the logs grow, until the workers end")
     api_flags = parser.add_argument_group("the API")
     api_flags.add_argument("--dry-run", action="store_true",
                            help="print the API requests (JSON) and startup script; call nothing")
@@ -130,8 +150,11 @@ def parse_command(argv: list[str]) -> Command:
         split = rest.index("--")
         rest, after_dashes = rest[:split], rest[split + 1:]
     args, unknown = _make_parser(verb).parse_known_args(rest)
-    if verb in ("status", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
+    if verb in ("status", "logs", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
         args.tpu = unknown.pop(0)  # `status NAME`, as with gcloud
+    run_dir = None
+    if verb == "logs" and args.tpu and args.tpu.startswith("gs://"):
+        run_dir, args.tpu = args.tpu.rstrip("/"), None  # a run read from its bucket alone
     training_flags = tuple(unknown + after_dashes)
     if verb not in ("run", "up") and training_flags:
         first = training_flags[0]
@@ -139,8 +162,8 @@ def parse_command(argv: list[str]) -> Command:
         raise PodracerError(f"unexpected argument {first!r} for `{verb}`{hint} "
                             f"(see `python launch/tpu.py {verb} --help`)")
 
-    required = {"--zone": args.zone}
-    if verb != "list":
+    required = {} if run_dir else {"--zone": args.zone}
+    if verb != "list" and not run_dir:
         required["--tpu"] = args.tpu
     if verb in ("run", "up"):
         shape_given = args.accelerator_type or args.tpu_version or args.topology
@@ -149,13 +172,14 @@ def parse_command(argv: list[str]) -> Command:
     if missing:
         raise PodracerError(f"`{verb}` needs {', '.join(missing)}; e.g. --tpu=my-slice "
                             "--zone=us-central2-b --accelerator-type=v4-32")
-    validate.check(validate.ZONE, args.zone, "--zone", "us-central2-b")
+    if args.zone is not None:
+        validate.check(validate.ZONE, args.zone, "--zone", "us-central2-b")
     if args.tpu is not None:
         validate.check(validate.NAME, args.tpu, "--tpu",
                        "my-slice (lowercase letters, digits, hyphens)")
     if args.project is not None:
         validate.check(validate.PROJECT, args.project, "--project", "my-project")
-    spec = SliceSpec(project=args.project or "", zone=args.zone, name=args.tpu or "",
+    spec = SliceSpec(project=args.project or "", zone=args.zone or "", name=args.tpu or "",
                      queued=args.queued)
     if verb in ("run", "up"):
         spec = _creation(spec, args)
@@ -170,8 +194,11 @@ def parse_command(argv: list[str]) -> Command:
         keep=getattr(args, "keep", False),
         dry_run=args.dry_run,
         api_endpoint=args.api_endpoint,
-        install_spec=getattr(args, "install_spec", None),
+        bucket=getattr(args, "bucket", None),
         launcher=getattr(args, "launcher", None),
+        run_dir=run_dir,
+        worker=getattr(args, "worker", None),
+        follow=getattr(args, "follow", False),
     )
 
 
@@ -195,6 +222,9 @@ def check_command(command: Command) -> None:
     """Everything that can be checked before a slice exists; the training flags above all."""
     if command.verb in ("run", "up"):
         preflight.check_training_flags(command.training_flags, provisioner_flags(command.verb))
+        from podracer.provision import staging
+
+        staging.slice_run_dir(command.bucket, command.training_flags, command.spec.name)
 
 
 def main(argv: list[str]) -> int:

@@ -170,6 +170,10 @@ class RunOutcome:
                   for index, worker in enumerate(self.workers) if worker.failed]
         return ", ".join(failed)
 
+    def first_failed(self) -> int:
+        """The first worker that failed (0 if none did)."""
+        return next((index for index, worker in enumerate(self.workers) if worker.failed), 0)
+
 
 def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say) -> RunOutcome:
     """Waits until every worker has exited, or one has failed.
@@ -184,7 +188,8 @@ def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say) -> RunOut
             raise RunFailed(f"TPU {spec.name} was deleted while the run was going")
         if node.state in LOST_NODE_STATES:
             raise RunFailed(f"TPU {spec.name} was {node.state.name} during the run; its "
-                            "workers stopped; run again (resume from your last checkpoint)")
+                            "workers stopped; run again with the same --run-dir to resume from "
+                            "its last checkpoint in the bucket")
         states = read_worker_states(api, spec, max(workers, 1))
         watch.show(describe_workers(states))
         if any(state.failed for state in states) or all(state.finished for state in states):

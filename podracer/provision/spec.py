@@ -135,28 +135,8 @@ class Command:
     keep: bool = False
     dry_run: bool = False
     api_endpoint: str | None = None
-    install_spec: str | None = None
+    bucket: str | None = None
     launcher: Path | None = None
-
-
-@dataclass(frozen=True)
-class WorkerLayout:
-    """Paths on every TPU worker; the startup script creates them."""
-
-    home: str = "/opt/podracer"
-
-    @property
-    def venv(self) -> str:
-        return f"{self.home}/venv"
-
-    @property
-    def run_dir(self) -> str:
-        return f"{self.home}/run"
-
-    @property
-    def log_path(self) -> str:
-        return f"{self.run_dir}/train.log"
-
-    @property
-    def exit_code_path(self) -> str:
-        return f"{self.run_dir}/exit_code"
+    run_dir: str | None = None  # `logs gs://BUCKET/PATH`: a run read without the API
+    worker: int | None = None  # `logs --worker=I`; None: every worker
+    follow: bool = False  # `logs --follow`

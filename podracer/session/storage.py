@@ -91,6 +91,14 @@ def read_text(path: str) -> str:
     return _path(path).read_text()
 
 
+def listdir(path: str) -> list[str]:
+    """The names in the directory `path`, sorted; [] if there is none."""
+    folder = _path(path)
+    if not folder.is_dir():
+        return []
+    return sorted(child.name for child in folder.iterdir())
+
+
 def write_text(path: str, text: str) -> None:
     """Replace the file at `path` with `text`; a reader never sees it half-written.
 
