@@ -30,8 +30,17 @@ def gcs_emulator(tmp_path_factory):
     `gcs_emulator.variables` yourself to an environment built otherwise. The
     module is skipped where the `gcs` extra or the emulator is not installed.
     """
+    import importlib.util
+
+    # Found, not imported: gcsfs reads its variables when first imported, which
+    # must be after they are set below.
     for module in ("google.cloud.storage", "gcsfs", "gcp_storage_emulator"):
-        pytest.importorskip(module)
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            pytest.skip(f"needs {module}")
     from gcs_emulator import running_emulator
 
     with running_emulator(tmp_path_factory.mktemp("emulator")) as emulator, pytest.MonkeyPatch.context() as env:

@@ -18,7 +18,7 @@ from tests.tpu_server import FakeTpuService, NodeState, QueuedState, TpuServer
 NAME, ZONE, PROJECT = "slice-1", "us-central2-b", "proj"
 NODE = f"projects/{PROJECT}/locations/{ZONE}/nodes/{NAME}"
 QUEUED = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/{NAME}"
-INSTALL_SPEC = "podracer @ git+https://example.com/podracer.git@0123abc"
+BUCKET = "gs://podracer-runs"
 TRAINING = ["--arch=sebulba", "--algo=ppo", "--env=Pong-v5"]
 
 
@@ -41,7 +41,7 @@ def launcher(tmp_path):
 
 
 @pytest.fixture
-def cli(server, launcher, capsys):
+def cli(server, launcher, capsys, gcs_bucket):
     """Runs the provisioner against the test server: (exit status, stdout, stderr)."""
 
     def run(*argv, verb=None, slice_flags=True, shape=("--accelerator-type=v4-32",)):
@@ -49,8 +49,7 @@ def cli(server, launcher, capsys):
                  f"--api-endpoint={server.endpoint}", "--poll-interval=0.01",
                  "--retry-deadline=2", "--ready-timeout=10", "--run-timeout=10"]
         if slice_flags:
-            flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}",
-                      f"--install-spec={INSTALL_SPEC}"]
+            flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}", f"--bucket={BUCKET}"]
         status = main(([verb] if verb else []) + flags + list(argv))
         out, err = capsys.readouterr()
         return status, out, err
@@ -64,7 +63,12 @@ def _single_error_line(err: str) -> str:
     return err
 
 
-def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service):
+def _worker_config(script: str) -> dict:
+    """The worker's configuration, as the startup script writes it."""
+    return json.loads(script.split("<<'PODRACER_CONFIG_EOF'\n", 1)[1].split("\n", 1)[0])
+
+
+def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service, gcs_bucket):
     status, out, err = cli(*TRAINING)
 
     assert (status, err) == (0, "")
@@ -80,13 +84,21 @@ def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service)
     for absent in ("service_account", "scheduling_config", "accelerator_config"):
         assert absent not in create.node
     assert list(create.node.tags) == []
-    script = create.node.metadata["startup-script"]
-    assert "launch/tpu.py \\\n  --arch=sebulba \\\n  --algo=ppo \\\n  --env=Pong-v5 \\\n  --distributed=auto\n" in script
-    assert f"'jax[tpu]' '{INSTALL_SPEC}'\n" in script
+    run_dir = create.node.metadata[api_requests.RUN_DIR_KEY]
+    assert run_dir.startswith(f"{BUCKET}/runs/{NAME}-sebulba-ppo-Pong-v5-")
+    config = _worker_config(create.node.metadata["startup-script"])
+    assert config["training_flags"] == TRAINING and config["run_dir"] == run_dir
+    # The code was staged in the bucket before the slice was created.
+    prefix = run_dir.removeprefix(BUCKET + "/") + "/code/"
+    staged = sorted(blob.name.removeprefix(prefix) for blob in gcs_bucket.list_blobs(prefix=prefix))
+    assert staged == sorted(config["files"].values())
+    assert config["files"]["wheel"].startswith("podracer_rl-0.1.0+g")
     assert service.nodes == {}
     assert "TPU slice-1: CREATING" in out and "TPU slice-1: READY" in out
     assert "workers: 4 installing" in out and "workers: 4 exited 0" in out
-    assert "/opt/podracer/run/train.log" in out
+    assert f"run directory: {run_dir}" in out and f"{run_dir}/logs/worker-I.log" in out
+    assert f"python launch/tpu.py logs {NAME} --zone={ZONE} --project={PROJECT} --worker=0 --follow" in out
+    assert f"no summary.json in {run_dir}" in out  # these workers are scripted, not real
     assert "deleted TPU slice-1" in out
 
 
@@ -169,6 +181,10 @@ def test_a_failed_worker_ends_the_run_with_status_1_and_the_slice_deleted(cli, s
     assert status == 1
     line = _single_error_line(err)
     assert "worker 1 exited 3" in line and "TPU slice-1 deleted" in line
+    # Its log is named where it outlives the slice: in the run's bucket.
+    assert f"{BUCKET}/runs/" in line and "/logs/worker-1.log" in line
+    assert f"python launch/tpu.py logs {NAME} --zone={ZONE} --project={PROJECT} --worker=1" in line
+    assert "/opt/podracer" not in out + err
     assert service.nodes == {}
 
 
@@ -353,12 +369,12 @@ def _dry_run_parts(out: str) -> tuple[list, list[str], str]:
 
 
 def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
-    status, out, err = cli("--dry-run", *TRAINING, "--run-dir=$(rm -rf /)")
+    status, out, err = cli("--dry-run", *TRAINING, "--wandb-project=$(rm -rf /)")
 
     assert (status, err) == (0, "")
     assert service.requests == []
     sent, notes, printed_script = _dry_run_parts(out)
-    assert notes == [f"# workers install: {INSTALL_SPEC}"]
+    assert notes[0].startswith(f"# run directory: {BUCKET}/runs/{NAME}-sebulba-ppo-Pong-v5-")
     assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
         "CreateNode", "GetNode", "GetGuestAttributes", "DeleteNode"]
     node = sent[0]["request"]["node"]
@@ -366,7 +382,12 @@ def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
     assert node["acceleratorType"] == "v4-32"
     assert node["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert printed_script == node["metadata"]["startup-script"]
-    assert "'--run-dir=$(rm -rf /)'" in printed_script
+    # What would be staged, built but not uploaded; the run's flags are in the
+    # script's configuration as given.
+    staged = [line for line in notes if line.startswith("#   gs://")]
+    assert [line.split()[1].rsplit("/", 1)[1] for line in staged][1:] == [
+        "requirements.lock", "launcher.py"]
+    assert _worker_config(printed_script)["training_flags"] == [*TRAINING, "--wandb-project=$(rm -rf /)"]
     assert sent[3]["request"]["name"] == NODE
 
 
@@ -608,3 +629,39 @@ def test_the_server_records_a_call_to_a_method_it_does_not_serve(server, service
         channel.close()
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert service.requests == [("/google.cloud.tpu.v2.Tpu/StopNode", None)]
+
+
+def test_logs_reads_the_workers_logs_from_the_bucket_by_slice_name_or_run_dir(cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4]
+    status, out, err = cli(*TRAINING, verb="up")
+    assert (status, err) == (0, "")
+    run_dir = service.requests_of("CreateNode")[0].node.metadata[api_requests.RUN_DIR_KEY]
+    logs = run_dir.removeprefix(BUCKET + "/") + "/logs/"
+    # What two workers have copied so far, as `podracer.provision.worker` copies it.
+    gcs_bucket.blob(logs + "worker-0.log").upload_from_string("installing\ntraining step 1\n")
+    gcs_bucket.blob(logs + "worker-1.log").upload_from_string("installing\n")
+
+    status, out, err = cli(NAME, verb="logs", slice_flags=False)
+    assert (status, err) == (0, "")
+    assert out.splitlines() == ["[worker 0] installing", "[worker 0] training step 1",
+                                "[worker 1] installing"]
+
+    status, out, err = cli(NAME, "--worker=1", verb="logs", slice_flags=False)
+    assert (status, out, err) == (0, "installing\n", "")
+
+    # --follow prints what is new until the worker has ended, then its status.
+    gcs_bucket.blob(logs + "worker-0.log").upload_from_string("installing\ntraining step 1\ndone\n")
+    gcs_bucket.blob(logs + "worker-0.exit").upload_from_string("0")
+    status, out, err = cli(NAME, "--worker=0", "--follow", verb="logs", slice_flags=False)
+    assert (status, out.splitlines()[-1], err) == (0, "done", "")
+
+    status, out, err = cli(f"--tpu={NAME}", verb="down", slice_flags=False)
+    assert status == 0 and service.nodes == {}
+    # The slice is gone; its logs are not.
+    status, out, err = cli(NAME, verb="logs", slice_flags=False)
+    assert status == 2 and "logs gs://BUCKET/PATH" in _single_error_line(err)
+    status, out, err = cli(run_dir, "--worker=1", verb="logs", slice_flags=False)
+    assert (status, out, err) == (0, "installing\n", "")
+    gcs_bucket.blob(logs + "worker-1.exit").upload_from_string("3")
+    status, out, err = cli(run_dir, "--worker=1", "--follow", verb="logs", slice_flags=False)
+    assert status == 1 and out.splitlines()[-1] == "worker 1 exited with status 3"

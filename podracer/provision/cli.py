@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -236,6 +237,10 @@ def main(argv: list[str]) -> int:
 
     def say(line: str) -> None:
         print(line, flush=True)
+
+    # Library chatter (gcsfs's notes on how it reaches a bucket) would break the
+    # one-line error contract; what a user must see, podracer says itself.
+    logging.getLogger("gcsfs").setLevel(logging.ERROR)
 
     try:
         command = parse_command(argv)
