@@ -107,19 +107,55 @@ def test_closure_follows_extras_and_excludes():
         closure(["six<1"])
 
 
-def fake_distribution(root, name, requires):
-    """An installed distribution that asks for `requires` (which need not be installed)."""
+def fake_distribution(site, name, requires=(), files=None, entry_points=""):
+    """A distribution installed in `site` (which its `requires` need not be), with more `files`."""
     module = name.replace("-", "_")
-    dist_info = root / f"{module}-1.0.dist-info"
-    dist_info.mkdir(parents=True)
-    (root / f"{module}.py").write_text("VALUE = 1\n")
-    (dist_info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
-        + "".join(f"Requires-Dist: {r}\n" for r in requires))
-    (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    (dist_info / "RECORD").write_text(
-        f"{module}.py,,\n{dist_info.name}/METADATA,,\n{dist_info.name}/WHEEL,,\n{dist_info.name}/RECORD,,\n")
-    return metadata.PathDistribution(dist_info)
+    dist_info = f"{module}-1.0.dist-info"
+    files = {f"{module}.py": "VALUE = 1\ndef main():\n    print('cli', VALUE)\n", **(files or {}),
+             f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+             + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+             f"{dist_info}/INSTALLER": "pip\n"}
+    if entry_points:
+        files[f"{dist_info}/entry_points.txt"] = entry_points
+    for relative, text in files.items():
+        (site / relative).parent.mkdir(parents=True, exist_ok=True)
+        (site / relative).write_text(text)
+    (site / dist_info / "RECORD").write_text("".join(f"{r},,\n" for r in [*files, f"{dist_info}/RECORD"]))
+    return metadata.PathDistribution(site / dist_info)
+
+
+def test_files_outside_site_packages_go_back_to_the_data_directory(tmp_path, monkeypatch):
+    uv = os.path.join(sysconfig.get_paths()["scripts"], "uv")
+    prefix = tmp_path / "prefix"
+    site = prefix / "lib" / "site-packages"
+    dist = fake_distribution(site, "tools", files={
+        "../../bin/tool": f"#!{sys.executable}\nimport tools\nprint('tool', tools.VALUE)\n",
+        "../../bin/tools-cli": f"#!{sys.executable}\n# the wrapper pip wrote\n",
+        "../../share/tools/notes.txt": "notes\n",
+    }, entry_points="[console_scripts]\ntools-cli = tools:main\n")
+    monkeypatch.setattr(wheelhouse.sysconfig, "get_paths", lambda: {
+        "scripts": str(prefix / "bin"), "purelib": str(site), "platlib": str(site),
+        "data": str(prefix)})
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = wheelhouse.repack(dist, wheels)
+    monkeypatch.undo()
+    assert wheel.name == "tools-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        assert sorted(archive.namelist()) == [
+            "tools-1.0.data/data/share/tools/notes.txt", "tools-1.0.data/scripts/tool",
+            "tools-1.0.dist-info/METADATA", "tools-1.0.dist-info/RECORD",
+            "tools-1.0.dist-info/WHEEL", "tools-1.0.dist-info/entry_points.txt", "tools.py"]
+        assert archive.read("tools-1.0.data/scripts/tool").startswith(b"#!python\nimport tools")
+
+    env = offline_env(wheels, tmp_path)
+    venv = tmp_path / "venv"
+    run([uv, "venv", "-q", "--python", sys.executable, venv], env)
+    run([uv, "pip", "install", "-q", "--python", venv / "bin" / "python", "tools"], env)
+    assert run([venv / "bin" / "tool"], env) == "tool 1\n"
+    assert run([venv / "bin" / "tools-cli"], env) == "cli 1\n"
+    assert (venv / "share" / "tools" / "notes.txt").read_text() == "notes\n"
 
 
 @pytest.mark.parametrize("how", ["UV_OVERRIDE", "UV_EXCLUDE"])
