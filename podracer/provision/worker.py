@@ -54,16 +54,27 @@ def _metadata_root() -> str:
     return f"http://{host}/computeMetadata/v1/"
 
 
-def metadata(path: str, default: str | None = None) -> str | None:
-    """A metadata value (`instance/attributes/agent-worker-number`), or `default` if absent."""
+def metadata(path: str, default: str | None = None, attempts: int = 8) -> str | None:
+    """A metadata value (`instance/attributes/agent-worker-number`), or `default` if absent.
+
+    Early in a boot the metadata server may not answer yet: connection errors and
+    5xx answers are retried, 1, 2, 4 ... s apart (about 4 minutes in all).
+    """
     request = urllib.request.Request(_metadata_root() + path, headers={"Metadata-Flavor": "Google"})
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
-            return answer.read().decode()
-    except urllib.error.HTTPError as error:
-        if error.code == 404:
-            return default
-        raise
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
+                return answer.read().decode()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return default
+            if error.code < 500 or attempt == attempts - 1:
+                raise
+        except (OSError, urllib.error.URLError):
+            if attempt == attempts - 1:
+                raise
+        time.sleep(2 ** attempt)
+    return default
 
 
 def publish_state(value: str) -> None:
