@@ -665,3 +665,18 @@ def test_logs_reads_the_workers_logs_from_the_bucket_by_slice_name_or_run_dir(cl
     gcs_bucket.blob(logs + "worker-1.exit").upload_from_string("3")
     status, out, err = cli(run_dir, "--worker=1", "--follow", verb="logs", slice_flags=False)
     assert status == 1 and out.splitlines()[-1] == "worker 1 exited with status 3"
+
+
+def test_the_end_of_a_run_prints_its_summary_from_the_bucket(cli, service, gcs_bucket):
+    summary = {"arch": "sebulba", "algo": "ppo", "env": "Pong-v5", "env_steps": 50_000_000,
+               "sps": 123_456.0, "episode_return_mean": 20.5, "processes": 4}
+    gcs_bucket.blob("done-run/summary.json").upload_from_string(json.dumps(summary))
+
+    status, out, err = cli(*TRAINING, f"--run-dir={BUCKET}/done-run")
+
+    assert (status, err) == (0, "")
+    assert f"results in {BUCKET}/done-run:" in out
+    assert "sebulba ppo on Pong-v5: 50,000,000 env steps at 123,456 env steps/s over 4 processes" in out
+    assert "episode return (mean of the last interval): 20.50" in out
+    assert f"python -m podracer.plot {BUCKET}/done-run" in out
+    assert service.nodes == {}
