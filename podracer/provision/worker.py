@@ -24,7 +24,9 @@ Endpoints are the clients' documented ones: the metadata server at
 `GCE_METADATA_HOST` (google-auth's variable; metadata.google.internal by
 default), Cloud Storage at `STORAGE_EMULATOR_HOST` (google-cloud-storage's;
 https://storage.googleapis.com by default). The worker's home is
-`PODRACER_HOME` (default /opt/podracer).
+`PODRACER_HOME` (default /opt/podracer); worker 0's `jax.distributed`
+coordinator listens on `PODRACER_COORDINATOR_PORT` (default 8476, the port JAX
+uses on TPU slices).
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ class Worker:
         command = [os.path.join(self.venv, "bin", "python"), files["launcher"],
                    *self.config["training_flags"], f"--run-dir={self.config['run_dir']}"]
         if len(self.peers) > 1:
-            port = self.config.get("coordinator_port", COORDINATOR_PORT)
+            port = int(os.environ.get("PODRACER_COORDINATOR_PORT", COORDINATOR_PORT))
             command += [f"--coordinator={self.peers[0]}:{port}",
                         f"--num-processes={len(self.peers)}", f"--process-id={self.index}"]
         return command
