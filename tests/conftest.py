@@ -53,3 +53,19 @@ def gcs_emulator(tmp_path_factory):
 def gcs_bucket(gcs_emulator):
     """The bucket `GCS_BUCKET` in the module's emulator, empty at first (a google.cloud.storage Bucket)."""
     return gcs_emulator.create_bucket(GCS_BUCKET)
+
+
+@pytest.fixture(scope="module")
+def offline_install(tmp_path_factory):
+    """Variables for pip and uv on a TPU worker emulated here: they install the staged lock
+    and `uv` from a local wheelhouse (this machine has no index), `libtpu` left out."""
+    from wheelhouse import build_wheelhouse, offline_variables
+
+    from podracer.provision import staging
+
+    wheels = build_wheelhouse([*staging.lock(staging.WORKER_EXTRAS), f"uv=={staging.UV_VERSION}"],
+                              exclude=["podracer-rl", "libtpu"])
+    # One uv cache for the session's workers, as fresh machines' would not be: installs
+    # after the first take seconds, not minutes.
+    return offline_variables(wheels, tmp_path_factory.mktemp("offline"),
+                             tmp_path_factory.getbasetemp() / "uv-cache")

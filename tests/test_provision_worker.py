@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
 
+from emulated_pod import worker_environment  # noqa: E402
 from metadata_server import MetadataServer, worker_endpoints  # noqa: E402
 from tpu_server import FakeTpuService, TpuServer  # noqa: E402
-from wheelhouse import build_wheelhouse  # noqa: E402
 
 from podracer.provision import api_requests, staging  # noqa: E402
 from podracer.provision.cli import main  # noqa: E402
@@ -49,28 +49,8 @@ def launched(gcs_bucket, tmp_path_factory):
     return create.node.metadata["startup-script"], create.node.metadata[api_requests.RUN_DIR_KEY]
 
 
-@pytest.fixture(scope="module")
-def offline(gcs_emulator, tmp_path_factory):
-    """Environment variables that point pip and uv at a local wheel directory, nothing else."""
-    lock = [line for line in staging.lock(staging.WORKER_EXTRAS)]
-    wheels = build_wheelhouse([*lock, f"uv=={staging.UV_VERSION}"], exclude=["podracer-rl", "libtpu"])
-    folder = tmp_path_factory.mktemp("offline")
-    (folder / "exclude.txt").write_text("libtpu\n")
-    return {
-        "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "UV_NO_CONFIG": "1", "UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheels),
-        "UV_PYTHON_DOWNLOADS": "never", "UV_EXCLUDE": str(folder / "exclude.txt"),
-        # Shared by the module's workers, as a fresh machine's would not be: installs after
-        # the first take seconds, not minutes.
-        "UV_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "uv-cache"),
-    }
-
-
 def _boot(script: str, home, metadata: MetadataServer, offline: dict, timeout=420):
-    env = {**os.environ, **offline, "PODRACER_HOME": str(home), "GCE_METADATA_HOST": metadata.host}
-    for name in ("PYTHONPATH", "VIRTUAL_ENV"):  # nothing of this checkout leaks into the worker
-        env.pop(name, None)
+    env = {**worker_environment(offline), "PODRACER_HOME": str(home), "GCE_METADATA_HOST": metadata.host}
     return subprocess.run(["bash", "-c", script], env=env, cwd=home, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -80,13 +60,13 @@ def _read(bucket, run_dir: str, name: str) -> str:
 
 
 def test_a_worker_installs_the_staged_code_trains_into_the_bucket_and_reboots_cleanly(
-        launched, offline, gcs_bucket, tmp_path):
+        launched, offline_install, gcs_bucket, tmp_path):
     script, run_dir = launched
     home = tmp_path / "worker home"
     home.mkdir()
     attributes = {"agent-worker-number": "0", "worker-network-endpoints": worker_endpoints(["127.0.0.1"])}
     with MetadataServer(attributes) as metadata:
-        booted = _boot(script, home, metadata, offline)
+        booted = _boot(script, home, metadata, offline_install)
         assert booted.returncode == 0, (booted.stdout, booted.stderr, (home / "worker.log").read_text())
         assert metadata.guest_attributes["podracer/state"] == "exit=0"
 
@@ -112,17 +92,18 @@ def test_a_worker_installs_the_staged_code_trains_into_the_bucket_and_reboots_cl
         assert version[1].startswith(str(home / "venv"))
 
         # A reboot runs the script again: the finished run is not started over.
-        again = _boot(script, home, metadata, offline, timeout=120)
+        again = _boot(script, home, metadata, offline_install, timeout=120)
         assert again.returncode == 0
         assert metadata.guest_attributes["podracer/state"] == "exit=0"
         assert (home / "worker.log").read_text().count("uv pip install") == 1
 
 
-def test_a_worker_whose_install_fails_says_so_in_the_bucket(launched, offline, gcs_bucket, tmp_path):
+def test_a_worker_whose_install_fails_says_so_in_the_bucket(launched, offline_install, gcs_bucket,
+                                                             tmp_path):
     script, run_dir = launched
     home = tmp_path / "home"
     home.mkdir()
-    broken = {**offline, "UV_FIND_LINKS": str(tmp_path / "empty"), "UV_CACHE_DIR": str(tmp_path / "c")}
+    broken = {**offline_install, "UV_FIND_LINKS": str(tmp_path / "empty"), "UV_CACHE_DIR": str(tmp_path / "c")}
     (tmp_path / "empty").mkdir()
     attributes = {"agent-worker-number": "3", "worker-network-endpoints": worker_endpoints(["127.0.0.1"])}
     with MetadataServer(attributes) as metadata:

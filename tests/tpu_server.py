@@ -20,6 +20,10 @@ What the tests can script:
 Every request is recorded in `requests` as `(method, message)`; a call to any
 other method, of any service, is recorded as `(full method name, None)` and
 answered UNIMPLEMENTED, so `requests == []` means the server saw no call at all.
+
+With an `EmulatedPod` (tests/emulated_pod.py) attached, every node's workers boot
+for real on this machine (at 127.0.0.1): their guest attributes are what they
+published, and deleting the node stops them.
 """
 
 from __future__ import annotations
@@ -86,16 +90,10 @@ class FakeTpuService:
     def __init__(self, workers: int = 4):
         self.workers = workers
         self.node_states: list = [NodeState.CREATING, NodeState.READY]
-        self.queued_states: list = [
-            QueuedState.WAITING_FOR_RESOURCES,
-            QueuedState.PROVISIONING,
-            QueuedState.ACTIVE,
-        ]
-        self.worker_states: list[list[str]] = [
-            ["installing"] * workers,
-            ["running"] * workers,
-            ["exit=0"] * workers,
-        ]
+        self.queued_states: list = [QueuedState.WAITING_FOR_RESOURCES, QueuedState.PROVISIONING,
+                                    QueuedState.ACTIVE]
+        self.worker_states: list[list[str]] = [["installing"] * workers, ["running"] * workers,
+                                               ["exit=0"] * workers]
         self.create_error: tuple[grpc.StatusCode, str] | None = None
         self.nodes: dict[str, _Slot] = {}
         self.queued: dict[str, _Slot] = {}
@@ -104,6 +102,7 @@ class FakeTpuService:
         self._failures: dict[str, list[_Failure]] = {}
         self._hooks: dict[str, Callable[[], None]] = {}
         self._guest_calls = 0
+        self.pod = None  # set by an EmulatedPod, which boots the nodes' workers
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
 
@@ -180,12 +179,22 @@ class FakeTpuService:
         node.name = name
         node.queued_resource = queued_resource
         node.network_endpoints = [
-            tpu_v2.NetworkEndpoint(ip_address=f"10.0.0.{index + 2}", port=8470)
+            tpu_v2.NetworkEndpoint(
+                ip_address="127.0.0.1" if self.pod else f"10.0.0.{index + 2}", port=8470)
             for index in range(self.workers)
         ]
         slot = _Slot(node, list(self.node_states))
         slot.advance()
         return slot
+
+    def _delete_nodes(self, names: list[str], then: Callable[[], None]) -> Callable[[], bool]:
+        """Removes the nodes (emulated ones once their workers stop), then `then()`; done yet?"""
+        if self.pod is not None:
+            return self.pod.delete_nodes(names, then)
+        for name in names:
+            del self.nodes[name]
+        then()
+        return lambda: True
 
     def _abort_not_found(self, context, name: str):
         context.abort(grpc.StatusCode.NOT_FOUND, f'Resource "{name}" was not found')
@@ -203,6 +212,8 @@ class FakeTpuService:
             code, message = self.create_error
             error = status_pb2.Status(code=code.value[0], message=message)
             return self._new_operation(request.parent, lambda: True, None, error)
+        if self.pod is not None:
+            self.pod.boot(slot.message)
         return self._new_operation(
             request.parent,
             lambda: slot.message.state != NodeState.CREATING,
@@ -225,15 +236,18 @@ class FakeTpuService:
     def DeleteNode(self, request, context):
         if request.name not in self.nodes:
             self._abort_not_found(context, request.name)
-        del self.nodes[request.name]
+        done = self._delete_nodes([request.name], lambda: None)
         return self._new_operation(
-            self._parent_of(request.name), lambda: True, lambda: _pack(empty_pb2.Empty()))
+            self._parent_of(request.name), done, lambda: _pack(empty_pb2.Empty()))
 
     def GetGuestAttributes(self, request, context):
         if request.name not in self.nodes:
             self._abort_not_found(context, request.name)
-        snapshot = self.worker_states[min(self._guest_calls, len(self.worker_states) - 1)]
-        self._guest_calls += 1
+        if self.pod is not None and self.pod.runs(request.name):
+            snapshot = self.pod.guest_values(request.name)
+        else:
+            snapshot = self.worker_states[min(self._guest_calls, len(self.worker_states) - 1)]
+            self._guest_calls += 1
         attributes = []
         for value in snapshot:
             items = [] if value is None else [
@@ -279,6 +293,8 @@ class FakeTpuService:
                 slot.script = [state for state in self.node_states
                                if state not in (NodeState.CREATING, NodeState.READY)]
                 self.nodes[node_name] = slot
+                if self.pod is not None:
+                    self.pod.boot(slot.message)
 
     def ListQueuedResources(self, request, context):
         resources = [tpu_v2.QueuedResource(slot.message)
@@ -294,11 +310,11 @@ class FakeTpuService:
         if nodes and not request.force:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "queued resource still has nodes; delete them or use force")
-        for name in nodes:
-            del self.nodes[name]
-        del self.queued[request.name]
+        self.queued[request.name].script = []
+        self.queued[request.name].set_state(QueuedState.DELETING)
+        done = self._delete_nodes(nodes, lambda: self.queued.pop(request.name, None))
         return self._new_operation(
-            self._parent_of(request.name), lambda: True, lambda: _pack(empty_pb2.Empty()))
+            self._parent_of(request.name), done, lambda: _pack(empty_pb2.Empty()))
 
     # -- google.longrunning.Operations ----------------------------------
 
@@ -323,15 +339,11 @@ _TPU_METHODS = {
 
 
 def _serializer(message_class):
-    if hasattr(message_class, "serialize"):  # proto-plus
-        return message_class.serialize
-    return message_class.SerializeToString
+    return getattr(message_class, "serialize", None) or message_class.SerializeToString  # proto-plus or not
 
 
 def _deserializer(message_class):
-    if hasattr(message_class, "deserialize"):  # proto-plus
-        return message_class.deserialize
-    return message_class.FromString
+    return getattr(message_class, "deserialize", None) or message_class.FromString
 
 
 def _handlers(service: FakeTpuService, methods: dict) -> dict:

@@ -106,6 +106,21 @@ def build_wheelhouse(requirements: list[str], *, exclude=(), root: str | os.Path
     return final
 
 
+def offline_variables(wheels: str | os.PathLike, scratch: str | os.PathLike,
+                      uv_cache: str | os.PathLike, exclude=("libtpu",)) -> dict[str, str]:
+    """Variables that point pip and uv at `wheels` and nothing else (their documented
+    offline settings), leaving `exclude` out of uv's installs (a file in `scratch`)."""
+    exclude_file = Path(scratch) / "uv-exclude.txt"
+    exclude_file.write_text("".join(f"{name}\n" for name in exclude))
+    return {
+        "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "UV_NO_CONFIG": "1", "UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_FIND_LINKS": str(wheels),
+        "UV_PYTHON_DOWNLOADS": "never", "UV_EXCLUDE": str(exclude_file),
+        "UV_CACHE_DIR": str(uv_cache),
+    }
+
+
 def repack(dist: metadata.Distribution, directory: Path,
            compression: int = zipfile.ZIP_STORED) -> Path:
     """Write the installed `dist` as a wheel into `directory`; its path."""

@@ -1,0 +1,382 @@
+"""An emulated TPU pod slice: every worker of a node the test TPU API server creates
+boots for real, as a process group on this machine.
+
+    service = FakeTpuService(workers=2)
+    with EmulatedPod(service, tmp_path, worker_environment(offline_install)) as pod, \\
+            TpuServer(service) as server:
+        status = main(["--tpu=pod", ..., f"--api-endpoint={server.endpoint}", ...])
+        pod.assert_nothing_left()
+
+Opting in (constructing an `EmulatedPod` for a `FakeTpuService`) changes what
+the server does with a node; everything else it scripts stays as it was:
+
+- on create (CreateNode, or a queued resource found ACTIVE), each worker I of the
+  node boots: a disk of its own (`root/disks/NODE/worker-I`, the worker's
+  `PODRACER_HOME`), a metadata server of its own (tests/metadata_server.py) with
+  the node's metadata plus `agent-worker-number` and `worker-network-endpoints`
+  (every worker on 127.0.0.1), and `bash -c STARTUP_SCRIPT` in a new session, in
+  `environment` (the bucket's and the offline installers' variables) with
+  `GCE_METADATA_HOST`/`GCE_METADATA_IP` and `PODRACER_COORDINATOR_PORT` (a free
+  port per node); its output goes to `root/consoles/NODE-worker-I.log` (the
+  serial console), which outlives the disk;
+- GetGuestAttributes answers what each worker's metadata server holds;
+- DeleteNode (or deleting the queued resource) stops the workers (SIGTERM, then
+  SIGKILL after `delete_grace_s`), removes their disks and metadata servers; the
+  node is DELETING until then, and its operation done after.
+
+What a test scripts, all of it thread-safe (run it from a thread, or with
+`when`, while the launcher waits in the test's own thread):
+
+- `preempt(node)`: SIGTERM every worker (a preemption's ACPI shutdown), SIGKILL
+  after `grace_s`; the node is PREEMPTED (its queued resource SUSPENDED) and
+  stays listed until deleted;
+- `reboot(node, worker)`: stop that worker's process group the same way, then run
+  its startup script again on the same disk with the same metadata server;
+- `set_state(node, state)`: the node's state from now on (REPAIRING, READY, ...);
+- `phase(node, worker)`: the worker's `podracer/state` (None before it reports);
+  `wait_for_phase(node, worker, "running")` until it starts with that, failing at
+  once, with the console's tail, if the worker is gone without it;
+  `wait_until(condition, timeout, what)` for anything else (an object in the bucket);
+- `when(condition, action)`: run `action()` in a thread once `condition()` holds;
+- `assert_nothing_left()`: no worker process alive, no node, no queued resource.
+
+Nodes are named by their id (`pod`) or full name. `close()` (the `with` block's
+end) kills whatever is still running and stops the metadata servers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+from google.cloud import tpu_v2
+
+from metadata_server import MetadataServer, worker_endpoints
+from podracer.orchestrate.distributed import free_port
+
+GUEST_ATTRIBUTE = "podracer/state"
+LOOPBACK = "127.0.0.1"
+
+
+def worker_environment(*overlays: dict) -> dict:
+    """This process's environment (the bucket emulator's variables with it), less this
+    checkout, plus `overlays` (the offline install's variables)."""
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "VIRTUAL_ENV"):  # nothing of this checkout leaks into a worker
+        env.pop(name, None)
+    for overlay in overlays:
+        env.update(overlay)
+    return env
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str,
+               interval: float = 0.1, check: Callable[[], None] = lambda: None):
+    """`condition()`'s first true value, polled until `timeout` s; `check()` may fail early."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        check()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class _Worker:
+    index: int
+    home: Path
+    console: Path
+    metadata: MetadataServer
+    environment: dict
+    process: subprocess.Popen | None = None
+    boots: int = 0
+
+    def start(self) -> None:
+        script = self.metadata.attributes.get("startup-script")
+        if script is None:
+            return  # a node without a startup script runs nothing
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.boots += 1
+        with open(self.console, "ab") as console:
+            console.write(f"--- boot {self.boots} ---\n".encode())
+            console.flush()
+            self.process = subprocess.Popen(
+                ["bash", "-c", script], env=self.environment, cwd=self.home,
+                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def alive(self) -> list[int]:
+        """The pids of its process group that still run (zombies are dead)."""
+        if self.process is None:
+            return []
+        self.process.poll()  # reaps the leader
+        return _group_members(self.process.pid)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to the whole group, SIGKILL to what is left after `grace_s`."""
+        if not self.alive():
+            return
+        group = self.process.pid
+        _signal_group(group, signal.SIGTERM)
+        try:
+            wait_until(lambda: not self.alive(), grace_s, "", interval=0.05)
+        except AssertionError:
+            pass
+        _signal_group(group, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        wait_until(lambda: not self.alive(), 30, f"worker {self.index}'s processes to die")
+
+    def console_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.console.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_members(group: int) -> list[int]:
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return members
+
+
+@dataclass
+class _Node:
+    name: str
+    workers: list[_Worker]
+    disk: Path
+
+
+class EmulatedPod:
+    """Boots the workers of `service`'s nodes on this machine (see the module's docstring)."""
+
+    def __init__(self, service, root: str | os.PathLike, environment: dict, *,
+                 grace_s: float = 5.0, delete_grace_s: float = 1.0):
+        self.service = service
+        self.root = Path(root)
+        self.environment = dict(environment)
+        self.grace_s = grace_s
+        self.delete_grace_s = delete_grace_s
+        self._nodes: dict[str, _Node] = {}  # by full name, until deleted
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+        service.pod = self
+
+    def __enter__(self) -> "EmulatedPod":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- what the server calls (under its lock) --------------------------------
+
+    def runs(self, name: str) -> bool:
+        return name in self._nodes
+
+    def boot(self, node) -> None:
+        """Boots every worker of `node` (a tpu_v2.Node, endpoints set) on this machine."""
+        node_id = node.name.rsplit("/", 1)[-1]
+        disk = self.root / "disks" / node_id
+        consoles = self.root / "consoles"
+        consoles.mkdir(parents=True, exist_ok=True)
+        endpoints = worker_endpoints([endpoint.ip_address for endpoint in node.network_endpoints])
+        port = str(free_port())
+        workers = []
+        for index in range(len(node.network_endpoints)):
+            metadata = MetadataServer({**dict(node.metadata), "agent-worker-number": str(index),
+                                       "worker-network-endpoints": endpoints}).start()
+            environment = {**self.environment, "PODRACER_HOME": str(disk / f"worker-{index}"),
+                           "GCE_METADATA_HOST": metadata.host, "GCE_METADATA_IP": metadata.host,
+                           "PODRACER_COORDINATOR_PORT": port}
+            workers.append(_Worker(index, disk / f"worker-{index}",
+                                   consoles / f"{node_id}-worker-{index}.log", metadata, environment))
+        self._nodes[node.name] = _Node(node.name, workers, disk)
+        for worker in workers:
+            worker.start()
+
+    def guest_values(self, name: str) -> list[str | None]:
+        return [worker.metadata.guest_attributes.get(GUEST_ATTRIBUTE)
+                for worker in self._nodes[name].workers]
+
+    def delete_nodes(self, names: list[str], then: Callable[[], None]) -> Callable[[], bool]:
+        """Removes the nodes from the service: an emulated one is DELETING while, in a thread,
+        its workers stop (SIGTERM, SIGKILL after `delete_grace_s`) and their disks go. Once
+        all are gone, `then()` (under the service's lock); returns whether that is done."""
+        service = self.service
+        pending = {name for name in names if name in self._nodes}
+        for name in names:
+            if name in pending:
+                service.nodes[name].script = []
+                service.nodes[name].set_state(tpu_v2.Node.State.DELETING)
+            else:
+                del service.nodes[name]
+
+        def delete(node: _Node) -> None:
+            self._stop_workers(node.workers, self.delete_grace_s)
+            self._discard(node)
+            with service._lock:
+                service.nodes.pop(node.name, None)
+                pending.discard(node.name)
+                if not pending:
+                    then()
+
+        if not pending:
+            then()
+        for name in list(pending):
+            self._background(lambda node=self._nodes[name]: delete(node), f"deleting {name}")
+        return lambda: not pending
+
+    # -- scripting ---------------------------------------------------------------
+
+    def preempt(self, node: str, grace_s: float | None = None) -> None:
+        """A preemption: SIGTERM to every worker, SIGKILL after the grace; then PREEMPTED."""
+        found = self._node(node)
+        self._stop_workers(found.workers, self.grace_s if grace_s is None else grace_s)
+        with self.service._lock:
+            slot = self.service.nodes.get(found.name)
+            if slot is None:
+                return
+            slot.script = []
+            slot.set_state(tpu_v2.Node.State.PREEMPTED)
+            queued = self.service.queued.get(slot.message.queued_resource)
+            if queued is not None:
+                queued.script = []
+                queued.set_state(tpu_v2.QueuedResourceState.State.SUSPENDED)
+
+    def reboot(self, node: str, worker: int, grace_s: float | None = None) -> None:
+        """Worker `worker` shuts down (as `preempt`) and boots again: same disk, same metadata."""
+        target = self._node(node).workers[worker]
+        target.stop(self.grace_s if grace_s is None else grace_s)
+        target.start()
+
+    def set_state(self, node: str, state) -> None:
+        """The node's state from now on (its scripted states dropped)."""
+        name = self._node(node).name
+        with self.service._lock:
+            slot = self.service.nodes[name]
+            slot.script = []
+            slot.set_state(state)
+
+    def phase(self, node: str, worker: int) -> str | None:
+        return self._node(node).workers[worker].metadata.guest_attributes.get(GUEST_ATTRIBUTE)
+
+    def wait_for_phase(self, node: str, worker: int, phase: str, timeout: float = 300) -> str:
+        """Until the worker's `podracer/state` starts with `phase`; its value."""
+        target = self._node(node).workers[worker]
+
+        def reached():
+            value = target.metadata.guest_attributes.get(GUEST_ATTRIBUTE)
+            return value if value is not None and value.startswith(phase) else None
+
+        def running():
+            if not target.alive() and not reached():
+                raise AssertionError(
+                    f"worker {worker} of {node} stopped at {self.phase(node, worker)!r} before "
+                    f"{phase!r}; its console:\n{target.console_tail()}")
+
+        return wait_until(reached, timeout, f"worker {worker} of {node} to be {phase!r}",
+                          check=running)
+
+    def when(self, condition: Callable[[], object], action: Callable[[], None],
+             timeout: float = 300) -> None:
+        """Runs `action()` in a thread once `condition()` holds; a failure fails `close()`."""
+        def watch():
+            wait_until(condition, timeout, "a `when` condition")
+            action()
+
+        self._background(watch, "a `when` action")
+
+    def console(self, node: str, worker: int) -> str:
+        """What the worker printed (the startup script's own output), every boot."""
+        return self._node(node).workers[worker].console_tail(lines=10 ** 6)
+
+    def alive(self) -> dict[str, list[int]]:
+        """`{"NODE worker I": pids}` of every worker with a process still running."""
+        found = {}
+        for node in list(self._nodes.values()):
+            for worker in node.workers:
+                pids = worker.alive()
+                if pids:
+                    found[f"{node.name} worker {worker.index}"] = pids
+        return found
+
+    def assert_nothing_left(self, timeout: float = 30) -> None:
+        """No worker process alive, no node, no queued resource (once deletes in flight end)."""
+        def clean():
+            with self.service._lock:
+                return not self.service.nodes and not self.service.queued and not self.alive()
+
+        try:
+            wait_until(clean, timeout, "nothing to be left")
+        except AssertionError:
+            with self.service._lock:
+                left = (sorted(self.service.nodes), sorted(self.service.queued), self.alive())
+            raise AssertionError(f"left behind: nodes {left[0]}, queued resources {left[1]}, "
+                                 f"worker processes {left[2]}") from None
+        self._raise_errors()
+
+    def close(self) -> None:
+        for node in list(self._nodes.values()):
+            self._stop_workers(node.workers, 0)
+            self._discard(node)
+        for thread in self._threads:
+            thread.join(timeout=60)
+        self._raise_errors()
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _node(self, node: str) -> _Node:
+        for name, found in self._nodes.items():
+            if node in (name, name.rsplit("/", 1)[-1]):
+                return found
+        raise KeyError(f"no emulated node {node!r}; there are {sorted(self._nodes)}")
+
+    def _stop_workers(self, workers: list[_Worker], grace_s: float) -> None:
+        threads = [threading.Thread(target=worker.stop, args=(grace_s,)) for worker in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _discard(self, node: _Node) -> None:
+        for worker in node.workers:
+            worker.metadata.stop()
+        shutil.rmtree(node.disk, ignore_errors=True)
+        self._nodes.pop(node.name, None)
+
+    def _background(self, fn: Callable[[], object], what: str) -> None:
+        def run():
+            try:
+                fn()
+            except BaseException as error:  # surfaced by close() and assert_nothing_left()
+                self._errors.append(AssertionError(f"{what} failed: {error!r}"))
+
+        thread = threading.Thread(target=run, name=what, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            errors, self._errors[:] = list(self._errors), []
+            raise errors[0]
