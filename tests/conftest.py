@@ -63,9 +63,10 @@ def offline_install(tmp_path_factory):
 
     from podracer.provision import staging
 
+    # With bytecode: a worker imports jax in seconds, not the tens of seconds compiling takes.
     wheels = build_wheelhouse([*staging.lock(staging.WORKER_EXTRAS), f"uv=={staging.UV_VERSION}"],
-                              exclude=["podracer-rl", "libtpu"])
-    # One uv cache for the session's workers, as fresh machines' would not be: installs
-    # after the first take seconds, not minutes.
+                              exclude=["podracer-rl", "libtpu"], bytecode=True)
+    # One uv cache for every worker, beside the wheelhouse it unpacks (and as lasting), as
+    # fresh machines' would not be: an install takes seconds, not a minute.
     return offline_variables(wheels, tmp_path_factory.mktemp("offline"),
-                             tmp_path_factory.getbasetemp() / "uv-cache")
+                             wheels.with_name(wheels.name + "-uv-cache"))

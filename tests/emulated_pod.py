@@ -50,6 +50,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -68,10 +69,17 @@ LOOPBACK = "127.0.0.1"
 
 def worker_environment(*overlays: dict) -> dict:
     """This process's environment (the bucket emulator's variables with it), less this
-    checkout, plus `overlays` (the offline install's variables)."""
+    checkout, plus `overlays` (the offline install's variables).
+
+    As on a TPU VM, `python3` is an interpreter, first on PATH (this one's folder), not
+    a version manager's shim (pyenv's are rewritten while other programs install).
+    """
     env = dict(os.environ)
-    for name in ("PYTHONPATH", "VIRTUAL_ENV"):  # nothing of this checkout leaks into a worker
+    # Nothing of this checkout leaks into a worker, nor this machine's choice to write no
+    # bytecode (a TPU VM's Python writes it).
+    for name in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     for overlay in overlays:
         env.update(overlay)
     return env
@@ -307,9 +315,14 @@ class EmulatedPod:
 
         self._background(watch, "a `when` action")
 
-    def console(self, node: str, worker: int) -> str:
-        """What the worker printed (the startup script's own output), every boot."""
-        return self._node(node).workers[worker].console_tail(lines=10 ** 6)
+    def consoles(self, lines: int = 40) -> str:
+        """The last lines every worker printed (the startup script's own output, every
+        boot), deleted nodes' too: for a failing test's message."""
+        texts = []
+        for path in sorted((self.root / "consoles").glob("*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            texts.append("\n".join([f"--- console of {path.stem} ---", *tail]))
+        return "\n".join(texts)
 
     def alive(self) -> dict[str, list[int]]:
         """`{"NODE worker I": pids}` of every worker with a process still running."""

@@ -20,9 +20,9 @@ from podracer.provision.cli import main  # noqa: E402
 
 BUCKET = "gs://podracer-runs"
 NAME, ZONE = "pod", "us-central2-b"
-STEPS = 8192
+STEPS = 4096
 TRAINING = ["--arch=anakin", "--algo=ppo", "--env=CartPole-v1", f"--total-steps={STEPS}",
-            "--num-envs=8", "--rollout-len=64", "--checkpoint-every=4096"]
+            "--num-envs=8", "--rollout-len=64", "--checkpoint-every=2048"]
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None,
                                 reason="needs bash and git")
 
@@ -67,7 +67,9 @@ def test_a_two_worker_slice_trains_to_its_summary_and_leaves_nothing_running(
     out, err = capsys.readouterr()
     (create,) = emulated.service.requests_of("CreateNode")
     run_dir = create.node.metadata[api_requests.RUN_DIR_KEY]
-    assert status == 0, (out, err, _logs(gcs_bucket, run_dir, 2))
+    if status != 0:
+        print(out, err, _logs(gcs_bucket, run_dir, 2), emulated.consoles(), sep="\n")
+    assert status == 0, err
     summary = json.loads(_bucket_text(gcs_bucket, run_dir, "summary.json"))
     assert summary["env_steps"] == STEPS and summary["processes"] == 2
     assert summary["config"]["run"]["run_dir"] == run_dir

@@ -180,3 +180,27 @@ def test_uv_leaves_out_a_dependency_that_cannot_be_installed(tmp_path, how):
         rule.write_text("absent-dependency\n")
     run(install, dict(env, **{how: str(rule)}))
     run([tmp_path / "venv" / "bin" / "python", "-c", "import needs_absent"], env)
+
+
+def test_bytecode_wheels_are_imported_without_compiling_the_source(tmp_path):
+    """With bytecode=True a wheel carries unchecked-hash .pyc files, which Python uses as they are."""
+    path = build_wheelhouse(["six"], root=tmp_path / "cache", bytecode=True)
+    (wheel,) = path.iterdir()
+    pyc = f"__pycache__/six.{sys.implementation.cache_tag}.pyc"
+    with zipfile.ZipFile(wheel) as archive:
+        assert pyc in archive.namelist()
+        assert archive.read(pyc)[4:8] == (1).to_bytes(4, "little")  # PEP 552: hash-based, unchecked
+        assert pyc in archive.read("six-" + metadata.version("six") + ".dist-info/RECORD").decode()
+    assert build_wheelhouse(["six"], root=tmp_path / "cache") != path  # the plain one is another
+
+    env = offline_env(path, tmp_path)
+    uv = os.path.join(sysconfig.get_paths()["scripts"], "uv")
+    run([uv, "venv", "-q", "--python", sys.executable, tmp_path / "venv"], env)
+    python = tmp_path / "venv" / "bin" / "python"
+    run([uv, "pip", "install", "-q", "--python", python, "six"], env)
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env).strip()
+    broken = os.path.join(site, "six.tmp")  # a new file, not the one linked to uv's cache
+    with open(broken, "w") as f:
+        f.write("raise SystemExit('the source was read')\n")
+    os.replace(broken, os.path.join(site, "six.py"))
+    assert run([python, "-c", "import six; print(six.PY3)"], env) == "True\n"
