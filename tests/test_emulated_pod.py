@@ -89,6 +89,11 @@ def _create(client, script=SCRIPT) -> None:
     operation.result(timeout=30)  # done once READY
 
 
+def _running(pod) -> None:
+    for worker in (0, 1):
+        pod.wait_for_phase("pod", worker, "running", timeout=60)
+
+
 def _home(pod, worker: int):
     return pod.root / "disks" / "pod" / f"worker-{worker}"
 
@@ -127,7 +132,7 @@ def test_each_worker_boots_with_its_own_disk_and_metadata_and_the_slices_port(po
 def test_a_preemption_sigterms_the_workers_kills_what_stays_and_the_node_stays_listed(pod):
     emulated, client = pod
     _create(client)
-    emulated.wait_for_phase("pod", 1, "running", timeout=60)
+    _running(emulated)
 
     emulated.preempt("pod")
 
@@ -145,7 +150,7 @@ def test_a_preemption_sigterms_the_workers_kills_what_stays_and_the_node_stays_l
 def test_a_reboot_runs_the_startup_script_again_on_the_same_disk(pod):
     emulated, client = pod
     _create(client)
-    emulated.wait_for_phase("pod", 1, "running", timeout=60)
+    _running(emulated)
     before = dict(emulated.alive())
 
     emulated.reboot("pod", 1)
