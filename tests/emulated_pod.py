@@ -64,7 +64,6 @@ from metadata_server import MetadataServer, worker_endpoints
 from podracer.orchestrate.distributed import free_port
 
 GUEST_ATTRIBUTE = "podracer/state"
-LOOPBACK = "127.0.0.1"
 
 
 def worker_environment(*overlays: dict) -> dict:
@@ -136,10 +135,9 @@ class _Worker:
             return
         group = self.process.pid
         _signal_group(group, signal.SIGTERM)
-        try:
-            wait_until(lambda: not self.alive(), grace_s, "", interval=0.05)
-        except AssertionError:
-            pass
+        deadline = time.monotonic() + grace_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         _signal_group(group, signal.SIGKILL)
         self.process.wait(timeout=30)
         wait_until(lambda: not self.alive(), 30, f"worker {self.index}'s processes to die")
@@ -189,13 +187,14 @@ class EmulatedPod:
         self._nodes: dict[str, _Node] = {}  # by full name, until deleted
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
+        self._closed = threading.Event()
         service.pod = self
 
     def __enter__(self) -> "EmulatedPod":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        self.close(raise_errors=kind is None)  # never hides the error that ends the block
 
     # -- what the server calls (under its lock) --------------------------------
 
@@ -308,10 +307,12 @@ class EmulatedPod:
 
     def when(self, condition: Callable[[], object], action: Callable[[], None],
              timeout: float = 300) -> None:
-        """Runs `action()` in a thread once `condition()` holds; a failure fails `close()`."""
+        """Runs `action()` in a thread once `condition()` holds (unless the pod is closed
+        first); a failure, or `timeout` s without the condition, fails `close()`."""
         def watch():
-            wait_until(condition, timeout, "a `when` condition")
-            action()
+            wait_until(lambda: self._closed.is_set() or condition(), timeout, "a `when` condition")
+            if not self._closed.is_set():
+                action()
 
         self._background(watch, "a `when` action")
 
@@ -349,18 +350,21 @@ class EmulatedPod:
                                  f"worker processes {left[2]}") from None
         self._raise_errors()
 
-    def close(self) -> None:
+    def close(self, raise_errors: bool = True) -> None:
+        """Kills every worker, stops their metadata servers, ends the threads."""
+        self._closed.set()
         for node in list(self._nodes.values()):
             self._stop_workers(node.workers, 0)
             self._discard(node)
         for thread in self._threads:
             thread.join(timeout=60)
-        self._raise_errors()
+        if raise_errors:
+            self._raise_errors()
 
     # -- plumbing ------------------------------------------------------------------
 
     def _node(self, node: str) -> _Node:
-        for name, found in self._nodes.items():
+        for name, found in list(self._nodes.items()):
             if node in (name, name.rsplit("/", 1)[-1]):
                 return found
         raise KeyError(f"no emulated node {node!r}; there are {sorted(self._nodes)}")

@@ -193,7 +193,8 @@ def test_a_queued_resource_boots_its_node_when_active_and_its_delete_stops_it(po
 
     emulated.preempt("pod", grace_s=0)
     assert client.get_queued_resource(name=name).state.state == QueuedState.SUSPENDED
-    client.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)).result(timeout=30)
+    delete = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
+    client.delete_queued_resource(request=delete).result(timeout=30)
     emulated.assert_nothing_left()
 
 

@@ -103,7 +103,8 @@ def test_a_worker_whose_install_fails_says_so_in_the_bucket(launched, offline_in
     script, run_dir = launched
     home = tmp_path / "home"
     home.mkdir()
-    broken = {**offline_install, "UV_FIND_LINKS": str(tmp_path / "empty"), "UV_CACHE_DIR": str(tmp_path / "c")}
+    broken = {**offline_install, "UV_FIND_LINKS": str(tmp_path / "empty"),
+              "UV_CACHE_DIR": str(tmp_path / "c")}
     (tmp_path / "empty").mkdir()
     attributes = {"agent-worker-number": "3", "worker-network-endpoints": worker_endpoints(["127.0.0.1"])}
     with MetadataServer(attributes) as metadata:
