@@ -51,8 +51,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -142,11 +144,11 @@ class _Worker:
         self.process.wait(timeout=30)
         wait_until(lambda: not self.alive(), 30, f"worker {self.index}'s processes to die")
 
-    def console_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.console.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+
+
+def _tail(path: Path, lines: int) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _signal_group(group: int, signum: int) -> None:
@@ -300,15 +302,14 @@ class EmulatedPod:
             if not target.alive() and not reached():
                 raise AssertionError(
                     f"worker {worker} of {node} stopped at {self.phase(node, worker)!r} before "
-                    f"{phase!r}; its console:\n{target.console_tail()}")
+                    f"{phase!r}; its console:\n{_tail(target.console, 30)}")
 
         return wait_until(reached, timeout, f"worker {worker} of {node} to be {phase!r}",
                           check=running)
 
     def when(self, condition: Callable[[], object], action: Callable[[], None],
              timeout: float = 300) -> None:
-        """Runs `action()` in a thread once `condition()` holds (unless the pod is closed
-        first); a failure, or `timeout` s without the condition, fails `close()`."""
+        """Runs `action()` in a thread once `condition()` holds; a failure or timeout fails `close()`."""
         def watch():
             wait_until(lambda: self._closed.is_set() or condition(), timeout, "a `when` condition")
             if not self._closed.is_set():
@@ -317,13 +318,9 @@ class EmulatedPod:
         self._background(watch, "a `when` action")
 
     def consoles(self, lines: int = 40) -> str:
-        """The last lines every worker printed (the startup script's own output, every
-        boot), deleted nodes' too: for a failing test's message."""
-        texts = []
-        for path in sorted((self.root / "consoles").glob("*.log")):
-            tail = path.read_text(errors="replace").splitlines()[-lines:]
-            texts.append("\n".join([f"--- console of {path.stem} ---", *tail]))
-        return "\n".join(texts)
+        """The last lines of every worker's console, deleted nodes' too: for a failure's message."""
+        return "\n".join(f"--- console of {path.stem} ---\n{_tail(path, lines)}"
+                         for path in sorted((self.root / "consoles").glob("*.log")))
 
     def alive(self) -> dict[str, list[int]]:
         """`{"NODE worker I": pids}` of every worker with a process still running."""
@@ -370,16 +367,19 @@ class EmulatedPod:
         raise KeyError(f"no emulated node {node!r}; there are {sorted(self._nodes)}")
 
     def _stop_workers(self, workers: list[_Worker], grace_s: float) -> None:
-        threads = [threading.Thread(target=worker.stop, args=(grace_s,)) for worker in workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with ThreadPoolExecutor(max(1, len(workers))) as pool:  # all at once, as a shutdown
+            list(pool.map(lambda worker: worker.stop(grace_s), workers))
 
     def _discard(self, node: _Node) -> None:
+        """Stops its metadata servers, moves its disks away (a thread removes them) and forgets it."""
         for worker in node.workers:
             worker.metadata.stop()
-        shutil.rmtree(node.disk, ignore_errors=True)
+        if node.disk.exists():
+            trash = self.root / "trash"
+            trash.mkdir(exist_ok=True)
+            gone = Path(tempfile.mkdtemp(dir=trash))
+            node.disk.rename(gone / node.disk.name)
+            self._background(lambda: shutil.rmtree(gone), f"removing the disks of {node.name}")
         self._nodes.pop(node.name, None)
 
     def _background(self, fn: Callable[[], object], what: str) -> None:
