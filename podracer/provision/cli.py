@@ -296,3 +296,7 @@ def _load_commands():
         raise PodracerError(f"the TPU provisioner needs {error.name}, which is missing; "
                             "install it with: pip install \"podracer-rl[tpu]\" (or pip install -e \".[tpu]\" in a checkout)") from None
     return commands
+
+
+if __name__ == "__main__":  # what a worker runs to delete its own slice
+    sys.exit(main(sys.argv[1:]))
