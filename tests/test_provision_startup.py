@@ -141,6 +141,8 @@ def test_workers_meet_at_a_barrier_in_the_bucket_and_a_rebooted_one_joins_the_ne
             MetadataServer({"agent-worker-number": "1", "worker-network-endpoints": endpoints,
                             "podracer-launch": "l1"}) as one:
         monkeypatch.setenv("GCE_METADATA_HOST", zero.host)
+        for home in ("w0", "w1"):
+            (tmp_path / home).mkdir()
         first = worker.Worker(config, str(tmp_path / "w0"))
         assert first.first_attempt() == 0
         assert first.barrier(0) is False  # alone: the other worker never came
