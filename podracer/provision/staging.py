@@ -46,7 +46,7 @@ DEFAULT_LAUNCHER = REPO_ROOT / "launch" / "tpu.py"
 DISTRIBUTION = "podracer-rl"
 # What the workers install podracer with; `uv venv --clear` (a rebooted worker
 # makes its venv again) needs 0.8 or later. Tests install this very version.
-UV_VERSION = "0.9.30"
+UV_VERSION = "0.13.9"
 # The extras every worker needs: the run directory is in a bucket.
 WORKER_EXTRAS = ("gcs",)
 CODE_FOLDER = "code"

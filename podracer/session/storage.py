@@ -83,21 +83,36 @@ def name(path: str) -> str:
     return os.path.basename(os.path.abspath(path))
 
 
+def _fresh(path: str):
+    """`path`'s epath Path, any listing cached for it or its parents dropped first.
+
+    gcsfs caches directory listings and answers later questions from them, so a
+    file another process (a TPU worker, another host) wrote since would stay
+    unseen; every read here asks the bucket.
+    """
+    target = _path(path)
+    if is_remote(path):
+        from etils.epath import backend
+
+        backend.fsspec_backend.fs(os.fspath(path)).invalidate_cache(os.fspath(path))
+    return target
+
+
 def exists(path: str) -> bool:
-    return _path(path).exists()
+    return _fresh(path).exists()
 
 
 def isdir(path: str) -> bool:
-    return _path(path).is_dir()
+    return _fresh(path).is_dir()
 
 
 def read_text(path: str) -> str:
-    return _path(path).read_text()
+    return _fresh(path).read_text()
 
 
 def listdir(path: str) -> list[str]:
     """The names in the directory `path`, sorted; [] if there is none."""
-    folder = _path(path)
+    folder = _fresh(path)
     if not folder.is_dir():
         return []
     return sorted(child.name for child in folder.iterdir())
@@ -164,7 +179,7 @@ def upload(local: str, remote: str) -> None:
 
 def glob(base: str, pattern: str) -> list[str]:
     """The paths under the directory `base` that match `pattern` (`*/name`), sorted."""
-    found = (os.fspath(match) for match in _path(base).glob(pattern))
+    found = (os.fspath(match) for match in _fresh(base).glob(pattern))
     if is_remote(base):  # gcsfs gives bucket/path: put the scheme back
         found = (match if is_remote(match) else REMOTE_SCHEME + match for match in found)
     return sorted(found)
@@ -190,7 +205,7 @@ def download_tree(remote: str, local: str) -> int:
     """Copy every object under `remote` (a URL) to the same relative path under the local
     directory `local`; returns the count."""
     count = 0
-    for child in _path(remote).iterdir():
+    for child in _fresh(remote).iterdir():
         target = os.path.join(local, child.name)
         if child.is_dir():
             count += download_tree(join(remote, child.name), target)
