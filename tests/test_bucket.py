@@ -1,80 +1,31 @@
 """`--run-dir=gs://BUCKET/PATH` end to end, against a local Cloud Storage emulator.
 
-The emulator (gcp-storage-emulator, `tests/gcs_emulator.py`) serves one
-module's tests. Every client reaches it through the variables it documents, set
-in this process's environment for the launcher's subprocesses; podracer is not
-told. The tests list and read the bucket with google-cloud-storage.
+The emulator (gcp-storage-emulator, `tests/gcs_emulator.py`; the fixtures
+`gcs_emulator` and `gcs_bucket` in conftest.py) serves one module's tests.
+Every client reaches it through the variables it documents, set in this
+process's environment for the launcher's subprocesses; podracer is not told.
+The tests list and read the bucket with google-cloud-storage.
 """
 
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
-from conftest import LAUNCHER, PYTHON, REPO_ROOT
+from conftest import GCS_BUCKET as BUCKET, LAUNCHER, PYTHON, REPO_ROOT
 
-storage = pytest.importorskip("google.cloud.storage")
+pytest.importorskip("google.cloud.storage")
 pytest.importorskip("gcp_storage_emulator")
 pytest.importorskip("gcsfs")
 
-BUCKET = "podracer-runs"
 ANAKIN = ["--num-envs=16", "--rollout-len=16", "--updates-per-call=1", "--checkpoint-every=2048"]
 ANAKIN_TOTAL = 30720  # 120 calls of 256 env steps: a few seconds, long enough to be killed mid-run
 SEBULBA = ["--arch=sebulba", "--env=CartPole-v1", "--cpu-devices=2", "--num-envs=32", "--rollout-len=32",
            "--log-every=2", "--checkpoint-every=0", "--seed=1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def bucket(tmp_path_factory):
-    """A fresh emulator and bucket; the clients' variables set for this module's subprocesses."""
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("emulator") / "requests.log", "w")  # a pipe left unread would fill
-    server = subprocess.Popen([PYTHON, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    variables = {
-        "STORAGE_EMULATOR_HOST": url,  # google-cloud-storage and gcsfs
-        "TENSORSTORE_GCS_HTTP_URL": url,  # tensorstore, so orbax's arrays
-        # fsspec's configuration from the environment: gcsfs's token="anon", no credential lookup.
-        "FSSPEC_GCS_TOKEN": "anon",
-        # gcsfs asks a bucket's layout of the Storage Control API (gRPC), which the emulator lacks.
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-        # tensorstore's fixed test token: no credential files, no metadata server lookup.
-        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-    }
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                created = storage.Client().create_bucket(BUCKET)
-                break
-            except Exception:  # noqa: BLE001 - not listening yet
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield created
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        server.kill()
-        server.wait(timeout=30)
-        log.close()
 
 
 def _launch(args, cwd, timeout=240):
@@ -107,7 +58,7 @@ def _no_local_gs(*folders):
 
 
 @pytest.fixture(scope="module")
-def anakin_run(bucket, tmp_path_factory):
+def anakin_run(gcs_bucket, tmp_path_factory):
     """An Anakin PPO run in the bucket: killed (SIGKILL) after its first checkpoint, then resumed to the end."""
     cwd = str(tmp_path_factory.mktemp("anakin"))
     run_dir = f"gs://{BUCKET}/anakin"
@@ -115,36 +66,36 @@ def anakin_run(bucket, tmp_path_factory):
     proc = subprocess.Popen([PYTHON, LAUNCHER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=cwd, env=dict(os.environ))
     deadline = time.monotonic() + 120
-    while not _checkpoints(bucket, "anakin/") and time.monotonic() < deadline and proc.poll() is None:
+    while not _checkpoints(gcs_bucket, "anakin/") and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=30)
-    killed = _checkpoints(bucket, "anakin/")
+    killed = _checkpoints(gcs_bucket, "anakin/")
     assert killed, f"no checkpoint reached the bucket before the kill: {stderr[-2000:]}"
     resumed = _launch(args, cwd)
     return {"cwd": cwd, "run_dir": run_dir, "args": args, "killed": killed, "resumed": resumed}
 
 
-def test_anakin_ppo_writes_to_the_bucket_and_resumes_after_a_kill(bucket, anakin_run, tmp_path):
+def test_anakin_ppo_writes_to_the_bucket_and_resumes_after_a_kill(gcs_bucket, anakin_run, tmp_path):
     killed, resumed = anakin_run["killed"], anakin_run["resumed"]
     assert killed[-1] < ANAKIN_TOTAL, "the run ended before it was killed: nothing was resumed"
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming gs://{BUCKET}/anakin from env step {killed[-1]:,}" in _first_line(resumed)
-    names = set(_objects(bucket, "anakin/"))
+    names = set(_objects(gcs_bucket, "anakin/"))
     assert {"anakin/metrics.jsonl", "anakin/summary.json"} <= names
     assert f"anakin/checkpoints/{ANAKIN_TOTAL}/commit_success.txt" in names
     assert [name for name in names if name.startswith("anakin/tensorboard/events.out.tfevents.")]
     assert not [name for name in names if ".write-test" in name or name.endswith(".tmp")]
     # One row per call of 256 env steps, those before the kill kept and none twice.
-    steps = [row["env_steps"] for row in _rows(bucket, "anakin/metrics.jsonl")]
+    steps = [row["env_steps"] for row in _rows(gcs_bucket, "anakin/metrics.jsonl")]
     assert steps == list(range(256, ANAKIN_TOTAL + 1, 256))
-    summary = json.loads(bucket.blob("anakin/summary.json").download_as_text())
+    summary = json.loads(gcs_bucket.blob("anakin/summary.json").download_as_text())
     assert summary["env_steps"] == ANAKIN_TOTAL and summary["resumed_from_env_steps"] == killed[-1]
     # The TensorBoard events in the bucket read back: the killed run's up to its checkpoint
     # (copied before it), then the resumed run's, so every step is there.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    for blob in bucket.list_blobs(prefix="anakin/tensorboard/"):
+    for blob in gcs_bucket.list_blobs(prefix="anakin/tensorboard/"):
         blob.download_to_filename(str(tmp_path / os.path.basename(blob.name)))
     events = EventAccumulator(str(tmp_path))
     events.Reload()
@@ -152,40 +103,40 @@ def test_anakin_ppo_writes_to_the_bucket_and_resumes_after_a_kill(bucket, anakin
     _no_local_gs(anakin_run["cwd"], REPO_ROOT)
 
     # Run again: finished, and the bucket is left exactly as it was.
-    before = _objects(bucket, "anakin/")
+    before = _objects(gcs_bucket, "anakin/")
     again = _launch(anakin_run["args"], anakin_run["cwd"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"gs://{BUCKET}/anakin is a finished run" in again.stdout
-    assert _objects(bucket, "anakin/") == before
+    assert _objects(gcs_bucket, "anakin/") == before
 
 
-def test_sebulba_ppo_resumes_from_the_bucket_with_more_steps(bucket, tmp_path):
+def test_sebulba_ppo_resumes_from_the_bucket_with_more_steps(gcs_bucket, tmp_path):
     run_dir = f"gs://{BUCKET}/sebulba"
     profiled = [*SEBULBA, "--profile", "--profile-trace-s=1"]  # the trace goes to the bucket too
     first = _launch([*profiled, "--total-steps=4096", f"--run-dir={run_dir}"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"new run in {run_dir}" in _first_line(first)
-    assert _checkpoints(bucket, "sebulba/") == [4096]
+    assert _checkpoints(gcs_bucket, "sebulba/") == [4096]
     # The config check reads the bucket's checkpoint: a changed setting is refused in one line.
     changed = _launch([*profiled, "--total-steps=8192", "--lr=0.01", f"--run-dir={run_dir}"], tmp_path)
     assert changed.returncode == 2 and "made with another config: --lr" in changed.stderr
     # A save cut short by a kill: on Cloud Storage orbax writes into the step's own directory
     # and commit_success.txt last. Such a step is not a checkpoint to resume from.
-    bucket.blob("sebulba/checkpoints/6144/_CHECKPOINT_METADATA").upload_from_string("{}")
+    gcs_bucket.blob("sebulba/checkpoints/6144/_CHECKPOINT_METADATA").upload_from_string("{}")
     second = _launch([*profiled, "--total-steps=8192", f"--run-dir={run_dir}"], tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resuming {run_dir} from env step 4,096" in _first_line(second)
-    assert [row["env_steps"] for row in _rows(bucket, "sebulba/metrics.jsonl")] == [2048, 4096, 6144, 8192]
-    summary = json.loads(bucket.blob("sebulba/summary.json").download_as_text())
+    assert [row["env_steps"] for row in _rows(gcs_bucket, "sebulba/metrics.jsonl")] == [2048, 4096, 6144, 8192]
+    summary = json.loads(gcs_bucket.blob("sebulba/summary.json").download_as_text())
     assert summary["env_steps"] == 8192 and summary["resumed_from_env_steps"] == 4096
     trace = summary["profile"]["trace_file"]
     assert trace.startswith(f"{run_dir}/profile/plugins/profile/") and trace.endswith(".xplane.pb")
-    assert bucket.blob(trace[len(f"gs://{BUCKET}/"):]).exists()
-    assert [b.name for b in bucket.list_blobs(prefix="sebulba/tensorboard/")]
+    assert gcs_bucket.blob(trace[len(f"gs://{BUCKET}/"):]).exists()
+    assert [b.name for b in gcs_bucket.list_blobs(prefix="sebulba/tensorboard/")]
     _no_local_gs(str(tmp_path), REPO_ROOT)
 
 
-def test_policy_eval_and_plot_read_the_bucket(bucket, anakin_run, tmp_path):
+def test_policy_eval_and_plot_read_the_bucket(gcs_bucket, anakin_run, tmp_path):
     run_dir = anakin_run["run_dir"]
     # load_policy from the bucket acts as the trained policy (a random CartPole policy scores ~22).
     code = ("import json, podracer; from podracer.evaluate import gymnax_returns; "
@@ -208,7 +159,7 @@ def test_policy_eval_and_plot_read_the_bucket(bucket, anakin_run, tmp_path):
     _no_local_gs(str(tmp_path), REPO_ROOT)
 
 
-def test_bucket_without_gcsfs_is_one_line_before_compiling(bucket, tmp_path):
+def test_bucket_without_gcsfs_is_one_line_before_compiling(gcs_bucket, tmp_path):
     code = ("import sys; sys.modules['gcsfs'] = None; "  # as if the gcs extra were not installed
             "from podracer.orchestrate.cli import main; "
             f"sys.exit(main(['--total-steps=2048', '--run-dir=gs://{BUCKET}/nogcsfs']))")
@@ -218,11 +169,11 @@ def test_bucket_without_gcsfs_is_one_line_before_compiling(bucket, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "podracer-rl[gcs]" in lines[0] and "gs://" in lines[0], result.stderr
     assert "compiling" not in result.stdout
-    assert not _objects(bucket, "nogcsfs/")
+    assert not _objects(gcs_bucket, "nogcsfs/")
     _no_local_gs(str(tmp_path))
 
 
-def test_a_missing_bucket_is_one_line(bucket, tmp_path):
+def test_a_missing_bucket_is_one_line(gcs_bucket, tmp_path):
     result = _launch(["--total-steps=2048", "--run-dir=gs://no-such-bucket/run"], tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
@@ -238,7 +189,7 @@ ES = {"anakin": (3200, ["--population=8", "--generations-per-call=2", "--eval-ep
 
 
 @pytest.mark.parametrize("arch", list(ES))
-def test_es_writes_to_the_bucket(bucket, tmp_path, arch):
+def test_es_writes_to_the_bucket(gcs_bucket, tmp_path, arch):
     """The other pairs share the session: the same outputs reach the bucket (and W&B stays local)."""
     run_dir = f"gs://{BUCKET}/{arch}-es"
     total, flags = ES[arch]
@@ -248,11 +199,11 @@ def test_es_writes_to_the_bucket(bucket, tmp_path, arch):
                             env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     prefix = f"{arch}-es/"
-    names = set(_objects(bucket, prefix))
+    names = set(_objects(gcs_bucket, prefix))
     assert {prefix + "metrics.jsonl", prefix + "summary.json"} <= names
     assert [name for name in names if name.startswith(prefix + "tensorboard/events.out.tfevents.")]
-    assert _checkpoints(bucket, prefix)[-1] >= total
-    steps = [row["env_steps"] for row in _rows(bucket, prefix + "metrics.jsonl")]
+    assert _checkpoints(gcs_bucket, prefix)[-1] >= total
+    steps = [row["env_steps"] for row in _rows(gcs_bucket, prefix + "metrics.jsonl")]
     assert steps == sorted(set(steps)) and steps[-1] >= total
     assert list((tmp_path / "wandb").glob("offline-run-*"))  # W&B's own default: ./wandb
     _no_local_gs(str(tmp_path), REPO_ROOT)
