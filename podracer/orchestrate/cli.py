@@ -17,7 +17,7 @@ from podracer.orchestrate.flags import flag_name
 from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
 from podracer.session import signals, storage
 from podracer.session.checkpoint import check_resumable
-from podracer.session.run_dir import (RunDirState, finished_message, latest_checkpoint_steps,
+from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, finished_message,
                                       link_latest, prepare_run_dir, unlink_new_run)
 
 __all__ = ["main", "parse", "parse_configs", "run", "train"]
@@ -117,11 +117,15 @@ def _agreed_run_dir(run_cfg: run_config.RunConfig, named_here: bool) -> run_conf
 
 
 def _run_dir_state(configs: dict[str, Any]) -> RunDirState:
-    """New, resumable (its config checked) or finished; refuses a checkpoint of another config."""
+    """New, resumable (its config checked) or finished; refuses a checkpoint of another config.
+
+    Process 0 decides for every process (`agreed_checkpoint_steps`): the
+    processes cannot disagree on resuming or starting, nor on the step.
+    """
     run_cfg = configs["run"]
-    steps = latest_checkpoint_steps(run_cfg.run_dir)
+    steps = agreed_checkpoint_steps(run_cfg.run_dir)
     if steps is not None:
-        check_resumable(run_cfg.run_dir, configs["checkpoint"], configs)
+        check_resumable(run_cfg.run_dir, steps, configs["checkpoint"], configs)
     return RunDirState(steps, run_cfg.total_steps)
 
 

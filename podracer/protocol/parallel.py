@@ -189,6 +189,25 @@ def any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
 
 
+def from_main_process(value: int | None) -> int | None:
+    """Process 0's `value` (an int or None) on every process: one process decides for all.
+
+    Every process calls it; only process 0's argument counts, so a fact that
+    process 0 alone looks up (the others may pass None) is the same everywhere.
+    """
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    # A flag byte (0: None), then the int64's bytes: without jax_enable_x64 an
+    # int64 array would travel as int32.
+    code = np.zeros(9, np.uint8)
+    if value is not None:
+        code[0], code[1:] = 1, np.frombuffer(np.int64(value).tobytes(), np.uint8)
+    agreed = np.asarray(multihost_utils.broadcast_one_to_all(code))
+    return int(np.frombuffer(agreed[1:].tobytes(), np.int64)[0]) if agreed[0] else None
+
+
 def fingerprint(tree) -> str:
     """A hash of every byte of a (replicated) pytree, to compare across processes."""
     import hashlib

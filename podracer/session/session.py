@@ -34,7 +34,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
                                         config_record, stop_on_signals)
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
-from podracer.session.run_dir import prepare_run_dir
+from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
 from podracer.session import storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
@@ -56,7 +56,11 @@ class RunSession:
         # Everything that needs no compilation is checked before anything is built.
         storage.check(self.run.run_dir)
         check_data_config(self.data, writes=self.main_process)
-        self.resuming = check_resumable(self.run.run_dir, configs["checkpoint"], configs)
+        # The checkpoint to resume from, as process 0 sees it: every process restores that one.
+        self.resume_steps = agreed_checkpoint_steps(self.run.run_dir)
+        self.resuming = self.resume_steps is not None
+        if self.resuming:
+            check_resumable(self.run.run_dir, self.resume_steps, configs["checkpoint"], configs)
         # Where this process writes the files a gs:// run directory gets by copy.
         self.staging = storage.Staging(self.run.run_dir)
         self.profiler = make_profiler(
@@ -81,15 +85,15 @@ class RunSession:
     def open(self, initial: Any) -> tuple[Any, dict[str, Any]]:
         """Create the run directory and checkpointer; returns the state to start from.
 
-        A resumed run gets its latest checkpoint, restored into `initial`'s
-        shapes and shardings, with the checkpoint's meta; a new run `initial`
-        and an empty meta.
+        A resumed run gets its latest checkpoint (process 0's latest, on every
+        process), restored into `initial`'s shapes and shardings, with the
+        checkpoint's meta; a new run `initial` and an empty meta.
         """
         prepare_run_dir(self.run.run_dir)
         self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
         if not self.resuming:
             return initial, {}
-        state, meta = self.checkpointer.restore(initial)
+        state, meta = self.checkpointer.restore(initial, step=self.resume_steps)
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
 
