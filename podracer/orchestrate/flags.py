@@ -84,7 +84,7 @@ def _help_text(field: dataclasses.Field, doc: str, preset: dict[str, Any],
         default = f"{shown(preset[field.name])} for {triple}; {default} otherwise"
     bound = bound_of(field)
     rule = f"; must be {bound.describe()}" if bound else ""
-    if field.name == "run_dir":
+    if field.name in ("run_dir", "compile_cache"):
         return doc  # its default is explained in words
     return f"{doc} (default: {default}{rule})"
 
