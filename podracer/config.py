@@ -72,7 +72,7 @@ class RunConfig:
     cpu_devices: int = bounded(0, NON_NEGATIVE)
     """On a CPU-only machine, split the CPU into this many JAX devices (0: JAX's default)."""
     compile_cache: str = ""
-    """Where JAX keeps compiled programs, so that a run repeating a program reads it back instead of compiling it: a directory, gs://BUCKET/PATH, or off. Default: $PODRACER_COMPILE_CACHE (a directory or off), else $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/podracer/jax (~/.cache/podracer/jax)."""
+    """Where JAX keeps compiled programs, so that a run repeating a program reads it back instead of compiling it: a directory, gs://BUCKET/PATH, or off. Default: $PODRACER_COMPILE_CACHE (a directory or off), else $JAX_COMPILATION_CACHE_DIR, else compile_cache/ beside a gs:// --run-dir, else $XDG_CACHE_HOME/podracer/jax (~/.cache/podracer/jax)."""
 
     def __post_init__(self):
         check_bounds(self)

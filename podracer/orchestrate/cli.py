@@ -108,7 +108,7 @@ def process_wide_jax_settings(run_cfg: run_config.RunConfig) -> None:
 
     from podracer.orchestrate import compile_cache
 
-    path, origin = compile_cache.resolve(run_cfg.compile_cache, os.environ)
+    path, origin = compile_cache.resolve(run_cfg.compile_cache, run_cfg.run_dir, os.environ)
     compile_cache.configure(compile_cache.prepare(path, origin))
     if run_cfg.cpu_devices:
         jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)

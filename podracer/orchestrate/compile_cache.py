@@ -8,11 +8,14 @@ executables back instead of compiling them. `--compile-cache` chooses where:
     --compile-cache=off               # compile everything, keep nothing
 
 Without the flag: `$PODRACER_COMPILE_CACHE` (a directory, or `off`), else JAX's
-own `$JAX_COMPILATION_CACHE_DIR`, else `$XDG_CACHE_HOME/podracer/jax`
-(`~/.cache/podracer/jax`). A default directory that cannot be created turns the
-cache off; one given by flag or variable is refused in one line. The cache is
-JAX's: it grows with every new program (delete the directory to empty it), and
-it is trusted, so never point it at a directory others can write.
+own `$JAX_COMPILATION_CACHE_DIR`, else, for a `gs://` run directory,
+`compile_cache/` beside it in its bucket (a TPU slice's workers are new
+machines each time: only the bucket outlives them), else
+`$XDG_CACHE_HOME/podracer/jax` (`~/.cache/podracer/jax`). A default directory
+that cannot be created turns the cache off; one given by flag or variable is
+refused in one line. The cache is JAX's: it grows with every new program
+(delete the directory to empty it), and it is trusted, so never point it at a
+directory others can write.
 
 Every program is cached, however quickly it compiled (JAX's defaults keep only
 those that took a second or more, which would leave most of a CartPole run's
@@ -23,6 +26,7 @@ writes; every process reads.
 from __future__ import annotations
 
 import os
+import posixpath
 from typing import Mapping
 
 from podracer.errors import PodracerError
@@ -31,6 +35,7 @@ from podracer.session import storage
 ENV_VAR = "PODRACER_COMPILE_CACHE"
 JAX_ENV_VAR = "JAX_COMPILATION_CACHE_DIR"
 OFF = "off"
+CACHE_FOLDER = "compile_cache"  # beside a gs:// run directory
 
 
 def default_dir(environ: Mapping[str, str]) -> str:
@@ -39,13 +44,22 @@ def default_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(base, "podracer", "jax")
 
 
-def resolve(flag: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The cache directory (None: off) and where that choice came from, for its messages."""
+def beside(run_dir: str) -> str:
+    """`compile_cache` in the folder that holds a `gs://` run directory."""
+    bucket_and_path = run_dir[len(storage.REMOTE_SCHEME):].rstrip("/")
+    parent = posixpath.dirname(bucket_and_path) or bucket_and_path  # a run at the bucket's root
+    return f"{storage.REMOTE_SCHEME}{parent}/{CACHE_FOLDER}"
+
+
+def resolve(flag: str, run_dir: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The cache directory (None: off) and where that choice came from ("" for the default)."""
     for value, origin in ((flag, f"--compile-cache={flag}"),
                           (environ.get(ENV_VAR, ""), f"{ENV_VAR}={environ.get(ENV_VAR)}"),
                           (environ.get(JAX_ENV_VAR, ""), f"{JAX_ENV_VAR}={environ.get(JAX_ENV_VAR)}")):
         if value:
             return (None if value == OFF else value), origin
+    if run_dir.startswith(storage.REMOTE_SCHEME):
+        return beside(run_dir), ""
     return default_dir(environ), ""
 
 
@@ -61,12 +75,16 @@ def prepare(path: str | None, origin: str) -> str | None:
             os.makedirs(path, exist_ok=True)
             if not os.access(path, os.W_OK):
                 raise PermissionError("not writable")
-    except (OSError, PodracerError) as err:
+    except PodracerError as err:
         if not origin:
             return None
-        reason = str(err) if isinstance(err, PodracerError) else (err.strerror or str(err))
-        raise PodracerError(f"{origin}: cannot use that directory for the compilation cache ({reason}); "
-                            f"pass a writable directory, or --compile-cache=off") from None
+        raise PodracerError(f"{origin}: {err}") from None
+    except OSError as err:
+        if not origin:
+            return None
+        raise PodracerError(f"{origin}: cannot create or write that directory for the compilation "
+                            f"cache ({err.strerror or err}); pass a writable directory, or "
+                            f"--compile-cache=off") from None
     return path
 
 
