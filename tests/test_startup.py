@@ -150,3 +150,32 @@ def test_gymnax_renders_with_its_plotting_libraries_loaded_on_first_use():
                             cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["False", "module", "True"]
+
+
+def test_a_resumed_run_reads_its_checkpoint_config_and_makes_its_environment_once(tmp_path, monkeypatch):
+    """The command line's checks before anything is built are not made again by the run."""
+    import podracer
+    from podracer.anakin import env as anakin_env
+    from podracer.session import checkpoint
+
+    run = dict(num_envs=8, rollout_len=16, updates_per_call=2, checkpoint_every=0,
+               run_dir=str(tmp_path / "run"))
+    podracer.train(total_steps=512, **run)
+    probes, made = [], []
+    original_init, original_env = checkpoint.Checkpointer.__init__, anakin_env.GymnaxEnv.__init__
+
+    def counting_probe(self, *args, create=True, **kwargs):
+        probes.append(create)
+        original_init(self, *args, create=create, **kwargs)
+
+    def counting_env(self, env_id):
+        made.append(env_id)
+        original_env(self, env_id)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "__init__", counting_probe)
+    monkeypatch.setattr(anakin_env.GymnaxEnv, "__init__", counting_env)
+    anakin_env.make_env.cache_clear()
+    summary = podracer.train(total_steps=1024, **run)
+    assert summary["resumed_from_env_steps"] == 512
+    assert probes == [False, True]  # the command line's check, then the run's own checkpointer
+    assert made == ["CartPole-v1"]
