@@ -1,10 +1,12 @@
-"""Test session set-up: eight CPU devices, before anything starts JAX's backend."""
+"""Test session set-up: eight CPU devices, before anything starts JAX's backend; shared fixtures."""
 
 import atexit
 import os
 import shutil
 import sys
 import tempfile
+
+import pytest
 
 # One compilation cache per test process (each pytest-xdist worker its own),
 # inherited by every launcher subprocess: the many short runs of one program
@@ -22,3 +24,39 @@ jax.config.update("jax_num_cpu_devices", 8)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO_ROOT, "launch", "tpu.py")
 PYTHON = sys.executable
+
+GCS_BUCKET = "podracer-runs"
+
+
+@pytest.fixture(scope="module")
+def gcs_emulator(tmp_path_factory):
+    """A local Cloud Storage emulator (`gcs_emulator.Emulator`) for one test module.
+
+    Its clients' variables are set in `os.environ` while the module runs, so
+    subprocesses started with `env=dict(os.environ)` reach it; pass
+    `gcs_emulator.variables` yourself to an environment built otherwise. The
+    module is skipped where the `gcs` extra or the emulator is not installed.
+    """
+    import importlib.util
+
+    # Found, not imported: gcsfs reads its variables when first imported, which
+    # must be after they are set below.
+    for module in ("google.cloud.storage", "gcsfs", "gcp_storage_emulator"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            pytest.skip(f"needs {module}")
+    from gcs_emulator import running_emulator
+
+    with running_emulator(tmp_path_factory.mktemp("emulator")) as emulator, pytest.MonkeyPatch.context() as env:
+        for name, value in emulator.variables.items():
+            env.setenv(name, value)
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def gcs_bucket(gcs_emulator):
+    """The bucket `GCS_BUCKET` in the module's emulator, empty at first (a google.cloud.storage Bucket)."""
+    return gcs_emulator.create_bucket(GCS_BUCKET)

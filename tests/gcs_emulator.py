@@ -2,9 +2,16 @@
 
     python tests/gcs_emulator.py PORT     # serves http://127.0.0.1:PORT until killed
 
+    with running_emulator(log_dir) as emulator:     # in a test: a fresh one on a free port
+        emulator.url                                # http://127.0.0.1:PORT
+        emulator.variables                          # the clients' variables, for a subprocess's env
+        bucket = emulator.create_bucket("runs")     # a google.cloud.storage Bucket
+
 Clients reach it through the variables they document (`STORAGE_EMULATOR_HOST`
 for google-cloud-storage and gcsfs, `TENSORSTORE_GCS_HTTP_URL` for
-tensorstore); podracer does not know it is there.
+tensorstore); podracer does not know it is there. tests/conftest.py's
+fixtures `gcs_emulator` and `gcs_bucket` give a test module one emulator, with
+the variables set in its environment.
 
 One fix makes the emulator answer media downloads as Cloud Storage does, which
 tensorstore (so orbax's OCDBT checkpoints) relies on: the object's generation in
@@ -17,16 +24,89 @@ StorageGeneration".
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
 import sys
 import time
 from http import HTTPStatus
+from pathlib import Path
+from typing import Iterator, NamedTuple
 
-from gcp_storage_emulator import server
-from gcp_storage_emulator.exceptions import NotFound
-from gcp_storage_emulator.handlers import objects
+START_TIMEOUT_S = 30
+
+
+def emulator_variables(url: str) -> dict[str, str]:
+    """The variables that point every client podracer uses at the emulator at `url`."""
+    return {
+        "STORAGE_EMULATOR_HOST": url,  # google-cloud-storage and gcsfs
+        "TENSORSTORE_GCS_HTTP_URL": url,  # tensorstore, so orbax's arrays
+        # fsspec's configuration from the environment: gcsfs's token="anon", no credential lookup.
+        "FSSPEC_GCS_TOKEN": "anon",
+        # gcsfs asks a bucket's layout of the Storage Control API (gRPC), which the emulator lacks.
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        # tensorstore's fixed test token: no credential files, no metadata server lookup.
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+    }
+
+
+class Emulator(NamedTuple):
+    """A running emulator: where it listens and the variables its clients need."""
+
+    url: str
+    variables: dict[str, str]
+
+    def client(self):
+        """A google-cloud-storage client of this emulator (whatever this process's environment says)."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(project="emulator", credentials=AnonymousCredentials(),
+                              client_options={"api_endpoint": self.url})
+
+    def create_bucket(self, name: str):
+        """Create bucket `name`; returns it (a google.cloud.storage Bucket)."""
+        return self.client().create_bucket(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_emulator(log_dir: str | os.PathLike) -> Iterator[Emulator]:
+    """A fresh, empty emulator on a free port for the block; its requests logged in `log_dir`."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = Path(log_dir) / "requests.log"
+    with open(log_path, "w") as log:  # a pipe left unread would fill
+        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_until_listening(log_path, server)
+            yield Emulator(url, emulator_variables(url))
+        finally:
+            server.kill()
+            server.wait(timeout=30)
+
+
+def _wait_until_listening(log_path: Path, server: subprocess.Popen) -> None:
+    """Until `serve` says it listens (a port taken meanwhile by another program ends it instead)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "serving on" not in log_path.read_text():
+        if server.poll() is not None:
+            raise RuntimeError(f"the emulator exited with status {server.returncode}; see {log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the emulator did not start within {START_TIMEOUT_S} s; see {log_path}")
+        time.sleep(0.1)
 
 
 def _with_generation(download):
+    from gcp_storage_emulator.exceptions import NotFound
+
     def handler(request, response, storage, *args, **kwargs):
         try:
             obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
@@ -49,6 +129,9 @@ def _with_generation(download):
 
 
 def serve(port: int) -> None:
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
     original = objects.download
     patched = _with_generation(original)
     objects.download = patched  # `objects.get` with alt=media calls it by name

@@ -18,7 +18,7 @@ from tests.tpu_server import FakeTpuService, NodeState, QueuedState, TpuServer
 NAME, ZONE, PROJECT = "slice-1", "us-central2-b", "proj"
 NODE = f"projects/{PROJECT}/locations/{ZONE}/nodes/{NAME}"
 QUEUED = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/{NAME}"
-INSTALL_SPEC = "podracer @ git+https://example.com/podracer.git@0123abc"
+BUCKET = "gs://podracer-runs"
 TRAINING = ["--arch=sebulba", "--algo=ppo", "--env=Pong-v5"]
 
 
@@ -41,16 +41,15 @@ def launcher(tmp_path):
 
 
 @pytest.fixture
-def cli(server, launcher, capsys):
+def cli(server, launcher, capsys, gcs_bucket):
     """Runs the provisioner against the test server: (exit status, stdout, stderr)."""
 
     def run(*argv, verb=None, slice_flags=True, shape=("--accelerator-type=v4-32",)):
         flags = [f"--zone={ZONE}", f"--project={PROJECT}",
                  f"--api-endpoint={server.endpoint}", "--poll-interval=0.01",
-                 "--retry-deadline=2", "--ready-timeout=10", "--run-timeout=10"]
+                 "--retry-deadline=2", "--ready-timeout=10", "--max-run-time=10"]
         if slice_flags:
-            flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}",
-                      f"--install-spec={INSTALL_SPEC}"]
+            flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}", f"--bucket={BUCKET}"]
         status = main(([verb] if verb else []) + flags + list(argv))
         out, err = capsys.readouterr()
         return status, out, err
@@ -64,7 +63,12 @@ def _single_error_line(err: str) -> str:
     return err
 
 
-def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service):
+def _worker_config(script: str) -> dict:
+    """The worker's configuration, as the startup script writes it."""
+    return json.loads(script.split("<<'PODRACER_CONFIG_EOF'\n", 1)[1].split("\n", 1)[0])
+
+
+def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service, gcs_bucket):
     status, out, err = cli(*TRAINING)
 
     assert (status, err) == (0, "")
@@ -80,13 +84,21 @@ def test_run_creates_the_slice_runs_on_every_worker_and_deletes_it(cli, service)
     for absent in ("service_account", "scheduling_config", "accelerator_config"):
         assert absent not in create.node
     assert list(create.node.tags) == []
-    script = create.node.metadata["startup-script"]
-    assert "launch/tpu.py \\\n  --arch=sebulba \\\n  --algo=ppo \\\n  --env=Pong-v5 \\\n  --distributed=auto\n" in script
-    assert f"'jax[tpu]' '{INSTALL_SPEC}'\n" in script
+    run_dir = create.node.metadata[api_requests.RUN_DIR_KEY]
+    assert run_dir.startswith(f"{BUCKET}/runs/{NAME}-sebulba-ppo-Pong-v5-")
+    config = _worker_config(create.node.metadata["startup-script"])
+    assert config["training_flags"] == TRAINING and config["run_dir"] == run_dir
+    # The code was staged in the bucket before the slice was created.
+    prefix = run_dir.removeprefix(BUCKET + "/") + "/code/"
+    staged = sorted(blob.name.removeprefix(prefix) for blob in gcs_bucket.list_blobs(prefix=prefix))
+    assert staged == sorted(config["files"].values())
+    assert config["files"]["wheel"].startswith("podracer_rl-0.1.0+g")
     assert service.nodes == {}
     assert "TPU slice-1: CREATING" in out and "TPU slice-1: READY" in out
     assert "workers: 4 installing" in out and "workers: 4 exited 0" in out
-    assert "/opt/podracer/run/train.log" in out
+    assert f"run directory: {run_dir}" in out and f"{run_dir}/logs/worker-I.log" in out
+    assert f"python launch/tpu.py logs {NAME} --zone={ZONE} --project={PROJECT} --worker=0 --follow" in out
+    assert f"no summary.json in {run_dir}" in out  # these workers are scripted, not real
     assert "deleted TPU slice-1" in out
 
 
@@ -169,6 +181,10 @@ def test_a_failed_worker_ends_the_run_with_status_1_and_the_slice_deleted(cli, s
     assert status == 1
     line = _single_error_line(err)
     assert "worker 1 exited 3" in line and "TPU slice-1 deleted" in line
+    # Its log is named where it outlives the slice: in the run's bucket.
+    assert f"{BUCKET}/runs/" in line and "/logs/worker-1.log" in line
+    assert f"python launch/tpu.py logs {NAME} --zone={ZONE} --project={PROJECT} --worker=1" in line
+    assert "/opt/podracer" not in out + err
     assert service.nodes == {}
 
 
@@ -353,12 +369,12 @@ def _dry_run_parts(out: str) -> tuple[list, list[str], str]:
 
 
 def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
-    status, out, err = cli("--dry-run", *TRAINING, "--run-dir=$(rm -rf /)")
+    status, out, err = cli("--dry-run", *TRAINING, "--wandb-project=$(rm -rf /)")
 
     assert (status, err) == (0, "")
     assert service.requests == []
     sent, notes, printed_script = _dry_run_parts(out)
-    assert notes == [f"# workers install: {INSTALL_SPEC}"]
+    assert notes[0].startswith(f"# run directory: {BUCKET}/runs/{NAME}-sebulba-ppo-Pong-v5-")
     assert [entry["rpc"].rsplit("/", 1)[1] for entry in sent] == [
         "CreateNode", "GetNode", "GetGuestAttributes", "DeleteNode"]
     node = sent[0]["request"]["node"]
@@ -366,7 +382,12 @@ def test_dry_run_prints_the_requests_and_script_and_sends_nothing(cli, service):
     assert node["acceleratorType"] == "v4-32"
     assert node["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert printed_script == node["metadata"]["startup-script"]
-    assert "'--run-dir=$(rm -rf /)'" in printed_script
+    # What would be staged, built but not uploaded; the run's flags are in the
+    # script's configuration as given.
+    staged = [line for line in notes if line.startswith("#   gs://")]
+    assert [line.split()[1].rsplit("/", 1)[1] for line in staged][1:] == [
+        "requirements.lock", "launcher.py"]
+    assert _worker_config(printed_script)["training_flags"] == [*TRAINING, "--wandb-project=$(rm -rf /)"]
     assert sent[3]["request"]["name"] == NODE
 
 
@@ -608,3 +629,174 @@ def test_the_server_records_a_call_to_a_method_it_does_not_serve(server, service
         channel.close()
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert service.requests == [("/google.cloud.tpu.v2.Tpu/StopNode", None)]
+
+
+def test_logs_reads_the_workers_logs_from_the_bucket_by_slice_name_or_run_dir(cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4]
+    status, out, err = cli(*TRAINING, verb="up")
+    assert (status, err) == (0, "")
+    run_dir = service.requests_of("CreateNode")[0].node.metadata[api_requests.RUN_DIR_KEY]
+    logs = run_dir.removeprefix(BUCKET + "/") + "/logs/"
+    # What two workers have copied so far, as `podracer.provision.worker` copies it.
+    gcs_bucket.blob(logs + "worker-0.log").upload_from_string("installing\ntraining step 1\n")
+    gcs_bucket.blob(logs + "worker-1.log").upload_from_string("installing\n")
+
+    status, out, err = cli(NAME, verb="logs", slice_flags=False)
+    assert (status, err) == (0, "")
+    assert out.splitlines() == ["[worker 0] installing", "[worker 0] training step 1",
+                                "[worker 1] installing"]
+
+    status, out, err = cli(NAME, "--worker=1", verb="logs", slice_flags=False)
+    assert (status, out, err) == (0, "installing\n", "")
+
+    # --follow prints what is new until the worker has ended, then its status.
+    gcs_bucket.blob(logs + "worker-0.log").upload_from_string("installing\ntraining step 1\ndone\n")
+    gcs_bucket.blob(logs + "worker-0.exit").upload_from_string("0")
+    status, out, err = cli(NAME, "--worker=0", "--follow", verb="logs", slice_flags=False)
+    assert (status, out.splitlines()[-1], err) == (0, "done", "")
+
+    status, out, err = cli(f"--tpu={NAME}", verb="down", slice_flags=False)
+    assert status == 0 and service.nodes == {}
+    # The slice is gone; its logs are not.
+    status, out, err = cli(NAME, verb="logs", slice_flags=False)
+    assert status == 2 and "logs gs://BUCKET/PATH" in _single_error_line(err)
+    status, out, err = cli(run_dir, "--worker=1", verb="logs", slice_flags=False)
+    assert (status, out, err) == (0, "installing\n", "")
+    gcs_bucket.blob(logs + "worker-1.exit").upload_from_string("3")
+    status, out, err = cli(run_dir, "--worker=1", "--follow", verb="logs", slice_flags=False)
+    assert status == 1 and out.splitlines()[-1] == "worker 1 exited with status 3"
+
+
+def test_the_end_of_a_run_prints_its_summary_from_the_bucket(cli, service, gcs_bucket):
+    summary = {"arch": "sebulba", "algo": "ppo", "env": "Pong-v5", "env_steps": 50_000_000,
+               "sps": 123_456.0, "episode_return_mean": 20.5, "processes": 4}
+    gcs_bucket.blob("done-run/summary.json").upload_from_string(json.dumps(summary))
+
+    status, out, err = cli(*TRAINING, f"--run-dir={BUCKET}/done-run")
+
+    assert (status, err) == (0, "")
+    assert f"results in {BUCKET}/done-run:" in out
+    assert "sebulba ppo on Pong-v5: 50,000,000 env steps at 123,456 env steps/s over 4 processes" in out
+    assert "episode return (mean of the last interval): 20.50" in out
+    assert f"python -m podracer.plot {BUCKET}/done-run" in out
+    assert service.nodes == {}
+
+
+def _launch_record(gcs_bucket, service) -> dict:
+    run_dir = service.requests_of("CreateNode")[0].node.metadata[api_requests.RUN_DIR_KEY]
+    blob = gcs_bucket.blob(run_dir.removeprefix(BUCKET + "/") + "/launch.json")
+    return json.loads(blob.download_as_text())
+
+
+def test_preempt_with_restarts_left_creates_the_slice_again_and_records_it(cli, service, gcs_bucket):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY, NodeState.PREEMPTED]
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+    creates = []
+
+    def second_slice_is_not_preempted():
+        creates.append(1)
+        if len(creates) == 2:
+            service.node_states = [NodeState.CREATING, NodeState.READY]
+
+    service.on_call("CreateNode", second_slice_is_not_preempted)
+    status, out, err = cli("--max-restarts=1", *TRAINING)
+
+    assert (status, err) == (0, "")
+    assert service.methods_called().count("CreateNode") == 2
+    assert service.methods_called().count("DeleteNode") == 2  # the preempted one, then the finished one
+    assert "was PREEMPTED during the run; restart 1 of 1" in out and service.nodes == {}
+    first, second = service.requests_of("CreateNode")
+    # The same slice, asked for again; each create has its own launch id.
+    assert first.node.metadata["startup-script"] == second.node.metadata["startup-script"]
+    assert (first.node.labels[api_requests.LAUNCH_ID_LABEL]
+            != second.node.labels[api_requests.LAUNCH_ID_LABEL])
+    record = _launch_record(gcs_bucket, service)
+    assert [restart["reason"] for restart in record["restarts"]] == [
+        "TPU slice-1 was PREEMPTED during the run"]
+
+
+def test_an_api_outage_longer_than_the_retry_deadline_never_deletes_a_training_slice(cli, service):
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+    outages = []
+
+    def outage():  # once the run is going: GetNode unavailable for a good while
+        if not outages:
+            outages.append(1)
+            service.fail("GetNode", grpc.StatusCode.UNAVAILABLE, times=60)
+
+    service.on_call("GetGuestAttributes", outage, after_effect=True)
+    status, out, err = cli("--retry-deadline=0.2", *TRAINING)
+
+    assert (status, err) == (0, "")
+    assert "cannot reach the Cloud TPU API" in out and "the Cloud TPU API answers again" in out
+    # Deleted once, at the end of the run, not during the outage.
+    assert service.methods_called().count("DeleteNode") == 1
+    assert service.methods_called()[-1] in ("DeleteNode", "GetOperation")
+
+
+def test_repairing_then_ready_is_waited_out(cli, service):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY,
+                           NodeState.REPAIRING, NodeState.REPAIRING, NodeState.READY]
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+
+    status, out, err = cli(*TRAINING)
+
+    assert (status, err) == (0, "")
+    assert "TPU REPAIRING" in out and "workers: 4 exited 0" in out
+
+
+def test_a_slice_unhealthy_for_good_is_lost_and_deleted(cli, service):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY] + [NodeState.REPAIRING] * 10_000
+    service.worker_states = [["running"] * 4]
+
+    status, out, err = cli("--repair-timeout=0.3", *TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "stayed REPAIRING for 0.3 s" in line and "TPU slice-1 deleted" in line
+    assert service.nodes == {}
+
+
+def test_down_deletes_the_queued_resource_the_node_names_even_named_apart(cli, service):
+    other = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/qr-other"
+    service.nodes[NODE] = service._new_node(NODE, tpu_v2.Node(), queued_resource=other)
+    resource = tpu_v2.QueuedResource(name=other, tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+        tpu_v2.QueuedResource.Tpu.NodeSpec(node_id=NAME)]))
+    from tests.tpu_server import _Slot
+    service.queued[other] = _Slot(resource)
+
+    status, out, err = cli(NAME, verb="down", slice_flags=False)
+
+    assert (status, err) == (0, "")
+    (delete,) = service.requests_of("DeleteQueuedResource")
+    assert delete.name == other and delete.force
+    assert service.nodes == {} and service.queued == {}
+
+
+def test_detach_leaves_the_run_and_attach_follows_it_to_the_end(cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+
+    status, out, err = cli("--detach", "--max-restarts=2", *TRAINING)
+    assert (status, err) == (0, "")
+    assert "detached: TPU slice-1 trains on" in out
+    assert f"python launch/tpu.py attach {NAME} --zone={ZONE} --project={PROJECT}" in out
+    assert list(service.nodes) == [NODE] and "DeleteNode" not in service.methods_called()
+    config = _worker_config(service.requests_of("CreateNode")[0].node.metadata["startup-script"])
+    # Without a launcher, the workers delete their finished slice themselves.
+    assert config["delete_when_done"] == {"name": NAME, "zone": ZONE, "project": PROJECT,
+                                          "api_endpoint": config["delete_when_done"]["api_endpoint"]}
+    assert config["max_restarts"] == 2 and config["deadline_unix"] > time.time()
+
+    status, out, err = cli(NAME, verb="attach", slice_flags=False)
+    assert (status, err) == (0, "")
+    assert "attached to the run in gs://podracer-runs/runs/slice-1-" in out
+    assert "the run finished on every worker" in out and service.nodes == {}
+
+    # Attaching again, by the run directory, once all is over: the workers' exit
+    # statuses in the bucket say it finished.
+    run_dir = _launch_record(gcs_bucket, service)["run_dir"]
+    logs = run_dir.removeprefix(BUCKET + "/") + "/logs/"
+    gcs_bucket.blob(logs + "worker-0.log").upload_from_string("done\n")
+    gcs_bucket.blob(logs + "worker-0.exit").upload_from_string("0")
+    status, out, err = cli(run_dir, verb="attach", slice_flags=False)
+    assert (status, err) == (0, "") and "the run has finished and TPU slice-1 is gone" in out

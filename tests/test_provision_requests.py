@@ -1,7 +1,5 @@
 """Pure parts of the provisioner: flag parsing, request building, reports, git URLs."""
 
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -14,13 +12,12 @@ from podracer.provision import api_requests as requests
 from podracer.provision.api import is_loopback
 from podracer.provision.cli import check_command, main, parse_command, provisioner_flags
 from podracer.provision.report import describe_workers, list_table
-from podracer.provision.source import default_install_spec, public_git_url
 from podracer.provision.spec import (TPU_VERSIONS, Identity, Networking, SliceSpec,
                                      default_runtime_version)
 from podracer.provision.validate import TOPOLOGY_DIMENSIONS
 from podracer.provision.startup import WorkerState
 
-SLICE = ["--tpu=slice-1", "--zone=us-central2-b", "--accelerator-type=v4-32"]
+SLICE = ["--tpu=slice-1", "--zone=us-central2-b", "--accelerator-type=v4-32", "--bucket=gs://bkt"]
 
 
 def test_flags_not_the_provisioners_and_everything_after_dashes_are_training_flags_in_order():
@@ -117,13 +114,15 @@ def _spec(**overrides) -> SliceSpec:
 
 def test_node_request_carries_type_image_tier_script_and_labels():
     spec = _spec(spot=True)
-    request = requests.create_node_request(spec, requests.make_node(spec, "#!/bin/bash\n", "id1"))
+    request = requests.create_node_request(
+        spec, requests.make_node(spec, "#!/bin/bash\n", "id1", "gs://b/run"))
     assert request.parent == "projects/p/locations/us-central2-b"
     assert request.node_id == "s"
     node = request.node
     assert (node.accelerator_type, node.runtime_version) == ("v4-32", "tpu-ubuntu2204-base")
     assert node.scheduling_config.spot and not node.scheduling_config.reserved
     assert node.metadata["startup-script"] == "#!/bin/bash\n"
+    assert node.metadata[requests.RUN_DIR_KEY] == "gs://b/run"
     assert node.labels[requests.LAUNCH_ID_LABEL] == "id1"
 
 
@@ -152,12 +151,12 @@ def test_every_tpu_version_has_an_api_type_an_image_and_a_topology_rank():
 
 
 def test_node_network_defaults_to_external_ips_and_sends_no_identity_unless_given():
-    node = requests.make_node(_spec(), "script", "id1")
+    node = requests.make_node(_spec(), "script", "id1", "gs://b/run")
     assert node.network_config == tpu_v2.NetworkConfig(enable_external_ips=True)
     assert "service_account" not in node and "scheduling_config" not in node
     internal = _spec(networking=Networking(external_ips=False, tags=("t1",)),
                      identity=Identity("sa@p.iam.gserviceaccount.com", ("https://x/y",)))
-    node = requests.make_node(internal, "script", "id1")
+    node = requests.make_node(internal, "script", "id1", "gs://b/run")
     assert not node.network_config.enable_external_ips and list(node.tags) == ["t1"]
     assert node.service_account.email == "sa@p.iam.gserviceaccount.com"
     assert list(node.service_account.scope) == ["https://x/y"]
@@ -166,17 +165,17 @@ def test_node_network_defaults_to_external_ips_and_sends_no_identity_unless_give
 def test_queued_reserved_names_the_projects_reservations_and_leaves_the_node_tierless():
     spec = _spec(reserved=True, queued=True)
     request = requests.create_queued_resource_request(
-        spec, requests.make_node(spec, "script", "id1"), 60.0, request_id="r-1")
+        spec, requests.make_node(spec, "script", "id1", "gs://b/run"), 60.0, request_id="r-1")
     resource = request.queued_resource
     assert resource.reservation_name == "projects/p/locations/us-central2-b/reservations/-"
     assert "scheduling_config" not in resource.tpu.node_spec[0].node
-    plain = requests.make_node(_spec(reserved=True), "script", "id1")
+    plain = requests.make_node(_spec(reserved=True), "script", "id1", "gs://b/run")
     assert plain.scheduling_config == tpu_v2.SchedulingConfig(reserved=True)
 
 
 def test_queued_request_puts_spot_on_the_tier_and_expires_with_the_ready_timeout():
     spec = _spec(spot=True, queued=True)
-    node = requests.make_node(spec, "script", "id1")
+    node = requests.make_node(spec, "script", "id1", "gs://b/run")
     request = requests.create_queued_resource_request(spec, node, 1800.0, request_id="r-1")
     resource = request.queued_resource
     assert request.queued_resource_id == "s" and request.request_id == "r-1"
@@ -204,18 +203,6 @@ def test_rpc_names():
 ])
 def test_is_loopback(endpoint, loopback):
     assert is_loopback(endpoint) is loopback
-
-
-@pytest.mark.parametrize("url, public", [
-    ("git@github.com:podracer-rl/podracer.git", "https://github.com/podracer-rl/podracer.git"),
-    ("ssh://git@github.com/podracer-rl/podracer.git",
-     "https://github.com/podracer-rl/podracer.git"),
-    ("https://someone:ghp_SECRET@github.com/o/r.git", "https://github.com/o/r.git"),
-    ("/home/me/podracer", None),
-    ("file:///home/me/podracer", None),
-])
-def test_public_git_url_drops_user_names_and_tokens(url, public):
-    assert public_git_url(url) == public
 
 
 def test_describe_workers_counts_states():
@@ -256,37 +243,6 @@ def test_without_the_tpu_extra_the_error_says_how_to_install_it(monkeypatch, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "needs google.cloud.tpu_v2" in err and 'pip install "podracer-rl[tpu]"' in err
-
-
-def _git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
-                    *args], check=True, capture_output=True, timeout=30)
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_default_install_spec_pins_the_checked_out_commit(tmp_path):
-    _git(tmp_path, "init", "-q")
-    (tmp_path / "a.txt").write_text("one\n")
-    _git(tmp_path, "add", "a.txt")
-    _git(tmp_path, "commit", "-qm", "first")
-    _git(tmp_path, "remote", "add", "origin", "https://me:ghp_TOKEN@github.com/me/podracer.git")
-    commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], text=True,
-                            capture_output=True, check=True).stdout.strip()
-
-    spec, notes = default_install_spec(tmp_path)
-    assert spec == f"podracer-rl @ git+https://github.com/me/podracer.git@{commit}"
-    assert len(notes) == 1 and "must be pushed" in notes[0] and "ghp_TOKEN" not in notes[0]
-
-    (tmp_path / "a.txt").write_text("two\n")
-    assert "uncommitted changes" in default_install_spec(tmp_path)[1][-1]
-
-
-def test_default_install_spec_without_git_refuses(tmp_path):
-    """Without a fetchable commit there is nothing the workers could install: never a PyPI name."""
-    from podracer.errors import PodracerError
-
-    with pytest.raises(PodracerError, match="--install-spec"):
-        default_install_spec(tmp_path)
 
 
 def test_every_provisioner_flag_is_in_the_readme_flags_table():

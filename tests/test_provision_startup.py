@@ -1,18 +1,19 @@
-"""The worker startup script: run under bash with recording stand-ins for
-python3 and curl, so the tests see exactly what a worker would execute."""
+"""The worker startup script: bash that writes the worker program and its
+configuration, then runs it (the full boot, install and training, is
+tests/test_provision_worker.py). Here: what the user gives it cannot escape
+into the shell, and the worker program's own paths without an install."""
 
 import json
 import shutil
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from podracer.errors import PodracerError
-from podracer.provision.spec import WorkerLayout
-from podracer.provision.startup import WorkerState, make_startup_script, parse_worker_state
+from metadata_server import MetadataServer, worker_endpoints
+from podracer.provision import worker
+from podracer.provision.startup import (WorkerState, make_startup_script, parse_worker_state,
+                                        worker_config)
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
@@ -23,133 +24,90 @@ HOSTILE_FLAGS = [
     "--name=$(touch PWNED_SUBSHELL)",
     "--tag=`touch PWNED_BACKTICK`",
     "--quote=it's \"quoted\"",
-    "--multi=line one\nline two; touch PWNED_NEWLINE",
+    "--multi=line one\nline two; touch PWNED_NEWLINE\nPODRACER_CONFIG_EOF\ntouch PWNED_HEREDOC",
     "--var=$HOME ${PATH} $((1+1))",
     "--glob=*",
     "&& touch PWNED_AND",
     "--empty=",
     "",
 ]
-LAUNCHER = textwrap.dedent("""\
-    import sys
-    # $(touch PWNED_LAUNCHER) `touch PWNED_LAUNCHER` ${HOME}
-    print(sys.argv)
-""")
-
-# Stands in for python3 (and, through it, uv and the venv's python) and for curl:
-# records its argv, creates the venv's python when asked to, fails on request.
-RECORDER = """#!{python}
-import json, os, shutil, sys
-log = os.environ["RECORD_DIR"]
-name = os.path.basename(sys.argv[0])
-with open(os.path.join(log, "calls.jsonl"), "a") as out:
-    out.write(json.dumps({{"program": name, "argv": sys.argv[1:], "cwd": os.getcwd()}}) + "\\n")
-args = sys.argv[1:]
-print("stand-in", name, "ran")
-if args[:3] == ["-m", "uv", "venv"]:
-    bin_dir = os.path.join(args[-1], "bin")
-    os.makedirs(bin_dir, exist_ok=True)
-    shutil.copy(sys.argv[0], os.path.join(bin_dir, "python"))
-if args[:4] == ["-m", "uv", "pip", "install"] and os.environ.get("FAIL_INSTALL"):
-    sys.exit(7)
-if os.path.basename(os.path.dirname(os.path.dirname(sys.argv[0]))) == "venv":
-    sys.exit(int(os.environ.get("TRAINING_EXIT", "0")))
-"""
 
 
-def _run_script(tmp_path: Path, script: str, **env: str) -> list[dict]:
-    stubs = tmp_path / "stubs"
-    stubs.mkdir(exist_ok=True)
-    records = tmp_path / "records"
-    records.mkdir(exist_ok=True)
-    for program in ("python3", "curl"):
-        path = stubs / program
-        path.write_text(RECORDER.format(python=sys.executable))
-        path.chmod(0o755)
-    script_path = tmp_path / "startup.sh"
-    script_path.write_text(script)
-    subprocess.run(
-        [BASH, str(script_path)], cwd=tmp_path, timeout=60, check=False,
-        env={"PATH": f"{stubs}:/usr/bin:/bin", "RECORD_DIR": str(records),
-             "HOME": str(tmp_path), **env},
-    )
-    lines = (records / "calls.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+def _config(flags, bucket="gs://no-such-bucket-here/run"):
+    return worker_config(bucket, bucket + "/code", {"wheel": "w.whl", "lock": "l.lock",
+                                                    "launcher": "launcher.py"},
+                         flags, "0.13.9", "3.11", log_interval_s=0.2)
 
 
-def _published_states(calls: list[dict]) -> list[str]:
-    return [call["argv"][call["argv"].index("--data") + 1]
-            for call in calls if call["program"] == "curl"]
+def _boot(tmp_path, script, metadata, storage_url) -> subprocess.CompletedProcess:
+    home = tmp_path / "po dracer's home"  # a space and a quote: paths must be quoted too
+    return subprocess.run(
+        [BASH, "-c", script], cwd=tmp_path, timeout=60, capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin:" + str(Path(shutil.which("python3")).parent),
+             "HOME": str(tmp_path), "PODRACER_HOME": str(home),
+             "GCE_METADATA_HOST": metadata.host, "STORAGE_EMULATOR_HOST": storage_url})
 
 
-@pytest.fixture
-def layout(tmp_path) -> WorkerLayout:
-    # A home with a space and a quote in it: the paths must be quoted too.
-    return WorkerLayout(home=str(tmp_path / "po dracer's home"))
+def test_hostile_flags_reach_the_worker_verbatim_and_nothing_escapes(tmp_path, gcs_emulator):
+    config = _config(HOSTILE_FLAGS)
+    script = make_startup_script(config)
+    attributes = {"agent-worker-number": "0", "worker-network-endpoints": worker_endpoints(["127.0.0.1"])}
 
+    with MetadataServer(attributes) as metadata:
+        done = _boot(tmp_path, script, metadata, gcs_emulator.url)
+        state = metadata.guest_attributes.get("podracer/state")
 
-def test_hostile_flags_reach_the_launcher_verbatim_and_nothing_escapes(tmp_path, layout):
-    hostile_spec = "podracer==0.1.0; touch PWNED_SPEC $(touch PWNED_SPEC2)"
-    script = make_startup_script(hostile_spec, LAUNCHER, HOSTILE_FLAGS, layout)
-
-    calls = _run_script(tmp_path, script)
-
-    training = [call for call in calls if call["program"] == "python"]
-    assert len(training) == 1
-    assert training[0]["argv"] == ["launch/tpu.py", *HOSTILE_FLAGS, "--distributed=auto"]
-    assert training[0]["cwd"] == layout.run_dir
-    install = [call["argv"] for call in calls if call["argv"][:4] == ["-m", "uv", "pip", "install"]]
-    assert install == [["-m", "uv", "pip", "install", "--python", f"{layout.venv}/bin/python",
-                        "jax[tpu]", hostile_spec]]
-    assert (Path(layout.run_dir) / "launch" / "tpu.py").read_text() == LAUNCHER
-    pwned = [path for path in tmp_path.rglob("PWNED*")] + list(Path("/").glob("PWNED*"))
+    home = tmp_path / "po dracer's home"
+    assert json.loads((home / "worker.json").read_text()) == config
+    assert (home / "worker.py").read_text() == Path(worker.__file__).read_text()
+    pwned = list(tmp_path.rglob("PWNED*")) + list(Path("/").glob("PWNED*"))
     assert pwned == []
-    assert _published_states(calls) == ["installing", "running", "exit=0"]
+    # The bucket does not exist here: the worker cannot fetch the code, and says so.
+    assert (done.returncode, state) == (1, "install-failed=1")
+    assert "cannot download the staged code" in (home / "worker.log").read_text()
+    assert (home / "exit_code").read_text() == "1"
 
 
-def test_training_exit_code_is_published_and_a_reboot_does_not_rerun(tmp_path, layout):
-    script = make_startup_script("podracer", LAUNCHER, ["--arch=anakin"], layout)
-
-    first = _run_script(tmp_path, script, TRAINING_EXIT="3")
-    assert _published_states(first) == ["installing", "running", "exit=3"]
-    assert Path(layout.exit_code_path).read_text().strip() == "3"
-
-    everything = _run_script(tmp_path, script)  # the calls file accumulates
-    second = everything[len(first):]
-    assert [call["program"] for call in second] == ["curl"]
-    assert _published_states(second) == ["exit=3"]
+def test_a_reboot_after_the_run_ended_reports_it_and_starts_nothing(tmp_path, gcs_emulator):
+    script = make_startup_script(_config(["--arch=anakin"]))
+    home = tmp_path / "po dracer's home"
+    home.mkdir()
+    (home / "exit_code").write_text("3")
+    with MetadataServer({"agent-worker-number": "0"}) as metadata:
+        done = _boot(tmp_path, script, metadata, gcs_emulator.url)
+        assert metadata.guest_attributes["podracer/state"] == "exit=3"
+    assert done.returncode == 0 and not (home / "worker.log").exists()
 
 
-def test_failed_install_is_published_and_training_never_starts(tmp_path, layout):
-    script = make_startup_script("podracer", LAUNCHER, ["--arch=anakin"], layout)
+def test_the_training_command_joins_a_slice_of_several_workers(tmp_path):
+    with MetadataServer({"agent-worker-number": "2", "worker-network-endpoints":
+                         worker_endpoints(["10.0.0.2", "10.0.0.3", "10.0.0.4"])}) as metadata:
+        import os
 
-    calls = _run_script(tmp_path, script, FAIL_INSTALL="1")
+        previous = os.environ.get("GCE_METADATA_HOST")
+        os.environ["GCE_METADATA_HOST"] = metadata.host
+        try:
+            several = worker.Worker(_config(["--arch=anakin"]), str(tmp_path))
+            metadata.attributes["worker-network-endpoints"] = worker_endpoints(["10.0.0.2"])
+            alone = worker.Worker(_config(["--arch=anakin"]), str(tmp_path))
+        finally:
+            if previous is None:
+                os.environ.pop("GCE_METADATA_HOST")
+            else:
+                os.environ["GCE_METADATA_HOST"] = previous
+    files = {"launcher": "L.py"}
+    assert several.training_command(files)[1:] == [
+        "L.py", "--arch=anakin", "--run-dir=gs://no-such-bucket-here/run",
+        "--coordinator=10.0.0.2:8476", "--num-processes=3", "--process-id=2"]
+    assert alone.training_command(files)[1:] == [
+        "L.py", "--arch=anakin", "--run-dir=gs://no-such-bucket-here/run"]
 
-    assert [call for call in calls if call["program"] == "python"] == []
-    assert _published_states(calls) == ["installing", "install-failed=7"]
 
-
-def test_install_and_training_output_go_to_the_training_log(tmp_path, layout):
-    script = make_startup_script("podracer", LAUNCHER, [], layout)
-
-    _run_script(tmp_path, script)
-
-    log = Path(layout.log_path).read_text().splitlines()
-    assert "stand-in python3 ran" in log
-    assert "stand-in python ran" in log
-
-
-def test_script_is_valid_bash_for_an_empty_flag_list():
-    script = make_startup_script("podracer", LAUNCHER, [])
+def test_script_is_valid_bash():
+    script = make_startup_script(_config([]))
     done = subprocess.run([BASH, "-n"], input=script, text=True, capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert script.startswith("#!/bin/bash\n")
-
-
-def test_a_launcher_that_would_end_the_heredoc_is_refused():
-    launcher = "print(1)\nPODRACER_LAUNCHER_EOF\nprint(2)\n"
-    with pytest.raises(PodracerError, match="PODRACER_LAUNCHER_EOF"):
-        make_startup_script("podracer", launcher, [])
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -171,3 +129,27 @@ def test_worker_state_outcomes():
     assert WorkerState("install-failed", 1).failed
     assert not WorkerState("running").finished
     assert WorkerState("install-failed", 1).describe() == "install failed (exit 1)"
+
+
+def test_workers_meet_at_a_barrier_in_the_bucket_and_a_rebooted_one_joins_the_next_attempt(
+        tmp_path, gcs_bucket, monkeypatch):
+    run_dir = f"gs://{gcs_bucket.name}/barrier-run"
+    config = {**_config(["--arch=anakin"], bucket=run_dir), "barrier_timeout_s": 0.5}
+    endpoints = worker_endpoints(["10.0.0.2", "10.0.0.3"])
+    with MetadataServer({"agent-worker-number": "0", "worker-network-endpoints": endpoints,
+                         "podracer-launch": "l1"}) as zero, \
+            MetadataServer({"agent-worker-number": "1", "worker-network-endpoints": endpoints,
+                            "podracer-launch": "l1"}) as one:
+        monkeypatch.setenv("GCE_METADATA_HOST", zero.host)
+        for home in ("w0", "w1"):
+            (tmp_path / home).mkdir()
+        first = worker.Worker(config, str(tmp_path / "w0"))
+        assert first.first_attempt() == 0
+        assert first.barrier(0) is False  # alone: the other worker never came
+        monkeypatch.setenv("GCE_METADATA_HOST", one.host)
+        second = worker.Worker(config, str(tmp_path / "w1"))
+        assert second.barrier(0) is True  # both are there now
+        # Worker 1 reboots mid-run: it joins the attempt after the one it was in.
+        assert worker.Worker(config, str(tmp_path / "w1")).first_attempt() == 1
+    names = sorted(blob.name for blob in gcs_bucket.list_blobs(prefix="barrier-run/barrier/"))
+    assert names == ["barrier-run/barrier/l1/0/worker-0", "barrier-run/barrier/l1/0/worker-1"]

@@ -7,7 +7,7 @@ slice is paid for (`preflight`), pure request builders (`api_requests`), the
 startup script (`startup`), and the slice's life cycle (`lifecycle`).
 """
 
-from podracer.provision.spec import (Identity, Networking, SliceSpec, Timing, WorkerLayout,
+from podracer.provision.spec import (Identity, Networking, SliceSpec, Timing,
                                      default_runtime_version)
 from podracer.provision.startup import WorkerState, make_startup_script, parse_worker_state
 
@@ -16,7 +16,6 @@ __all__ = [
     "Networking",
     "SliceSpec",
     "Timing",
-    "WorkerLayout",
     "WorkerState",
     "default_runtime_version",
     "make_startup_script",

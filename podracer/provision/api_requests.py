@@ -7,6 +7,7 @@ print exactly what a real run would send.
 from __future__ import annotations
 
 import json
+import uuid
 
 from google.cloud import tpu_v2
 from google.protobuf import duration_pb2
@@ -19,6 +20,9 @@ STARTUP_SCRIPT_KEY = "startup-script"
 MANAGED_BY_LABEL = ("managed-by", "podracer")
 LAUNCH_ID_LABEL = "podracer-launch"
 GUEST_ATTRIBUTES_QUERY = "podracer/"
+# Node metadata naming the run's directory in its bucket: `status`, `logs` and
+# `attach` find the run from the slice's name.
+RUN_DIR_KEY = "podracer-run-dir"
 
 
 # `--tpu-version` values as the API's AcceleratorConfig.Type names them.
@@ -39,7 +43,7 @@ def network_config(spec: SliceSpec) -> tpu_v2.NetworkConfig:
                                 enable_external_ips=networking.external_ips)
 
 
-def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.Node:
+def make_node(spec: SliceSpec, startup_script: str, launch_id: str, run_dir: str) -> tpu_v2.Node:
     """The node to create: shape, image, tier, network, identity, and the startup script."""
     node = tpu_v2.Node(
         runtime_version=spec.runtime_version,
@@ -49,6 +53,7 @@ def make_node(spec: SliceSpec, startup_script: str, launch_id: str) -> tpu_v2.No
             STARTUP_SCRIPT_KEY: startup_script,
             # Workers report their progress as guest attributes.
             "enable-guest-attributes": "TRUE",
+            RUN_DIR_KEY: run_dir,
         },
         labels={MANAGED_BY_LABEL[0]: MANAGED_BY_LABEL[1], LAUNCH_ID_LABEL: launch_id},
     )
@@ -97,6 +102,11 @@ def create_queued_resource_request(
     )
 
 
+def new_request_id() -> str:
+    """Makes a retried create idempotent on the server; one per create."""
+    return str(uuid.uuid4())
+
+
 def get_node_request(spec: SliceSpec) -> tpu_v2.GetNodeRequest:
     return tpu_v2.GetNodeRequest(name=spec.node_path)
 
@@ -121,14 +131,20 @@ def delete_node_request(spec: SliceSpec) -> tpu_v2.DeleteNodeRequest:
     return tpu_v2.DeleteNodeRequest(name=spec.node_path)
 
 
-def delete_queued_resource_request(spec: SliceSpec) -> tpu_v2.DeleteQueuedResourceRequest:
-    # force: delete the slice's node with it, so nothing billable is left behind.
-    return tpu_v2.DeleteQueuedResourceRequest(name=spec.queued_resource_path, force=True)
+def delete_queued_resource_request(spec: SliceSpec, name: str = "") -> tpu_v2.DeleteQueuedResourceRequest:
+    """Deletes the queued resource `name` (default: the one named as the slice).
+
+    force: its node goes with it, so nothing billable is left behind.
+    """
+    return tpu_v2.DeleteQueuedResourceRequest(name=name or spec.queued_resource_path, force=True)
 
 
-def delete_request(spec: SliceSpec):
-    """How to delete the slice `spec` describes, node or queued resource."""
-    return delete_queued_resource_request(spec) if spec.queued else delete_node_request(spec)
+def delete_request(spec: SliceSpec, queued_resource: str = ""):
+    """How to delete the slice `spec` describes: its node, or the queued resource it came
+    from (`queued_resource`, the node's own `queued_resource` field, when known)."""
+    if spec.queued or queued_resource:
+        return delete_queued_resource_request(spec, queued_resource)
+    return delete_node_request(spec)
 
 
 def rpc_name(request) -> str:

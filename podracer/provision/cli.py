@@ -1,4 +1,4 @@
-"""`python launch/tpu.py [up|status|down|list] --tpu=NAME --zone=ZONE ... [training flags]`.
+"""`python launch/tpu.py [up|status|logs|attach|down|list] --tpu=NAME --zone=ZONE ... [training flags]`.
 
 Verbs, as a gcloud user expects them:
 - no verb: create the slice, run training on every worker, wait for the run to
@@ -6,8 +6,18 @@ Verbs, as a gcloud user expects them:
 - `up`: create the slice and start training, then return; the slice keeps
   running until `down`;
 - `status`: the slice's state and what each worker's run is doing;
+- `logs NAME` (or `logs gs://BUCKET/RUN`): the workers' logs, from the run's
+  bucket (`--worker=I` for one, `--follow` until the run ends);
+- `attach NAME` (or `attach gs://BUCKET/RUN`): follow a run again, as the
+  command that started it would have (`--detach`, or a launcher that was lost):
+  to its end, restarts after preemption included, then delete the slice;
 - `down`: delete the slice (and its queued resource);
 - `list`: the slices in a zone.
+
+A run on a slice lives in a bucket (`--bucket=gs://BUCKET`, or
+`--run-dir=gs://BUCKET/PATH`): the code the workers install (a wheel of this
+checkout and a lock of its dependencies), checkpoints, metrics, the summary and
+the workers' logs. The slice's disks are deleted with it.
 
 The provisioner's flags are the fixed set below; every other flag is a training
 flag. Training flags, and everything after `--`, are checked here with the
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -28,7 +39,7 @@ from podracer.provision import preflight, validate
 from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
                                      Timing, default_runtime_version)
 
-VERBS = ("up", "status", "down", "list")
+VERBS = ("up", "status", "logs", "attach", "down", "list")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +57,18 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
     return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0, 1, 2, ...)")
+    return int(text)
+
+
+def _worker_index(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a worker number (0, 1, ...)")
+    return int(text)
 
 
 def _make_parser(verb: str) -> _Parser:
@@ -86,13 +109,28 @@ def _make_parser(verb: str) -> _Parser:
         run_flags = parser.add_argument_group("the run")
         run_flags.add_argument("--keep", action="store_true",
                                help="never delete the slice, not even after a failure")
-        run_flags.add_argument("--install-spec", metavar="REQUIREMENT",
-                               help="pip requirement the workers install (default: this commit "
-                                    "or version of podracer)")
+        run_flags.add_argument("--max-restarts", type=_count, default=0, metavar="N",
+                               help="when the slice is preempted or lost, create it again up to "
+                                    "N times; the workers resume from the run's last checkpoint "
+                                    "in the bucket (and start training again together up to N "
+                                    "times if it fails, e.g. after a worker rebooted) (default 0)")
+        run_flags.add_argument("--detach", action="store_true",
+                               help="return once the run has started; follow it again with "
+                                    "`attach NAME`; its workers delete the slice when it ends")
+        run_flags.add_argument("--bucket", metavar="gs://BUCKET[/PREFIX]",
+                               help="where the run lives: its staged code, checkpoints, metrics, "
+                                    "summary and the workers' logs, in PREFIX/runs/NAME (or give "
+                                    "--run-dir=gs://BUCKET/PATH)")
         run_flags.add_argument("--launcher", type=Path, metavar="PATH",
                                help="launcher file the workers run (default: launch/tpu.py)")
     else:
         parser.add_argument("--queued", action="store_true", help=argparse.SUPPRESS)
+    if verb == "logs":
+        logs = parser.add_argument_group("logs")
+        logs.add_argument("--worker", type=_worker_index, metavar="I",
+                          help="one worker's log (default: every worker's, each line marked)")
+        logs.add_argument("--follow", action="store_true",
+                          help="keep printing as the logs grow, until the workers end")
     api_flags = parser.add_argument_group("the API")
     api_flags.add_argument("--dry-run", action="store_true",
                            help="print the API requests (JSON) and startup script; call nothing")
@@ -103,8 +141,13 @@ def _make_parser(verb: str) -> _Parser:
                            metavar="SECONDS")
     api_flags.add_argument("--ready-timeout", type=_seconds, default=Timing.ready_timeout,
                            metavar="SECONDS", help="give up if the slice is not ready by then")
-    api_flags.add_argument("--run-timeout", type=_seconds, default=Timing.run_timeout,
-                           metavar="SECONDS", help="give up (and delete) if the run goes longer")
+    api_flags.add_argument("--max-run-time", type=_seconds, default=Timing.run_timeout,
+                           metavar="SECONDS", help="stop the run (it saves a checkpoint) and delete "
+                                                   "the slice once it has gone this long (default "
+                                                   "86400); the workers keep this deadline too")
+    api_flags.add_argument("--repair-timeout", type=_seconds, default=Timing.repair_timeout,
+                           metavar="SECONDS", help="a slice not READY (REPAIRING) this long mid-run "
+                                                   "is lost: restarted, or deleted (default 1800)")
     api_flags.add_argument("--retry-deadline", type=_seconds, default=Timing.retry_deadline,
                            metavar="SECONDS", help="how long to retry an unavailable API")
     return parser
@@ -130,8 +173,11 @@ def parse_command(argv: list[str]) -> Command:
         split = rest.index("--")
         rest, after_dashes = rest[:split], rest[split + 1:]
     args, unknown = _make_parser(verb).parse_known_args(rest)
-    if verb in ("status", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
+    if verb in ("status", "logs", "attach", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
         args.tpu = unknown.pop(0)  # `status NAME`, as with gcloud
+    run_dir = None
+    if verb in ("logs", "attach") and args.tpu and args.tpu.startswith("gs://"):
+        run_dir, args.tpu = args.tpu.rstrip("/"), None  # a run read from its bucket alone
     training_flags = tuple(unknown + after_dashes)
     if verb not in ("run", "up") and training_flags:
         first = training_flags[0]
@@ -139,8 +185,8 @@ def parse_command(argv: list[str]) -> Command:
         raise PodracerError(f"unexpected argument {first!r} for `{verb}`{hint} "
                             f"(see `python launch/tpu.py {verb} --help`)")
 
-    required = {"--zone": args.zone}
-    if verb != "list":
+    required = {} if run_dir else {"--zone": args.zone}
+    if verb != "list" and not run_dir:
         required["--tpu"] = args.tpu
     if verb in ("run", "up"):
         shape_given = args.accelerator_type or args.tpu_version or args.topology
@@ -149,19 +195,21 @@ def parse_command(argv: list[str]) -> Command:
     if missing:
         raise PodracerError(f"`{verb}` needs {', '.join(missing)}; e.g. --tpu=my-slice "
                             "--zone=us-central2-b --accelerator-type=v4-32")
-    validate.check(validate.ZONE, args.zone, "--zone", "us-central2-b")
+    if args.zone is not None:
+        validate.check(validate.ZONE, args.zone, "--zone", "us-central2-b")
     if args.tpu is not None:
         validate.check(validate.NAME, args.tpu, "--tpu",
                        "my-slice (lowercase letters, digits, hyphens)")
     if args.project is not None:
         validate.check(validate.PROJECT, args.project, "--project", "my-project")
-    spec = SliceSpec(project=args.project or "", zone=args.zone, name=args.tpu or "",
+    spec = SliceSpec(project=args.project or "", zone=args.zone or "", name=args.tpu or "",
                      queued=args.queued)
     if verb in ("run", "up"):
         spec = _creation(spec, args)
     timing = Timing(poll_interval=args.poll_interval, ready_timeout=args.ready_timeout,
-                    run_timeout=args.run_timeout, retry_deadline=args.retry_deadline,
-                    call_timeout=min(Timing.call_timeout, args.retry_deadline))
+                    run_timeout=args.max_run_time, retry_deadline=args.retry_deadline,
+                    call_timeout=min(Timing.call_timeout, args.retry_deadline),
+                    repair_timeout=args.repair_timeout)
     return Command(
         verb=verb,
         spec=spec,
@@ -170,8 +218,13 @@ def parse_command(argv: list[str]) -> Command:
         keep=getattr(args, "keep", False),
         dry_run=args.dry_run,
         api_endpoint=args.api_endpoint,
-        install_spec=getattr(args, "install_spec", None),
+        bucket=getattr(args, "bucket", None),
         launcher=getattr(args, "launcher", None),
+        run_dir=run_dir,
+        worker=getattr(args, "worker", None),
+        follow=getattr(args, "follow", False),
+        max_restarts=getattr(args, "max_restarts", 0),
+        detach=getattr(args, "detach", False),
     )
 
 
@@ -195,6 +248,9 @@ def check_command(command: Command) -> None:
     """Everything that can be checked before a slice exists; the training flags above all."""
     if command.verb in ("run", "up"):
         preflight.check_training_flags(command.training_flags, provisioner_flags(command.verb))
+        from podracer.provision import staging
+
+        staging.slice_run_dir(command.bucket, command.training_flags, command.spec.name)
 
 
 def main(argv: list[str]) -> int:
@@ -206,6 +262,10 @@ def main(argv: list[str]) -> int:
 
     def say(line: str) -> None:
         print(line, flush=True)
+
+    # Library chatter (gcsfs's notes on how it reaches a bucket) would break the
+    # one-line error contract; what a user must see, podracer says itself.
+    logging.getLogger("gcsfs").setLevel(logging.ERROR)
 
     try:
         command = parse_command(argv)
@@ -236,3 +296,7 @@ def _load_commands():
         raise PodracerError(f"the TPU provisioner needs {error.name}, which is missing; "
                             "install it with: pip install \"podracer-rl[tpu]\" (or pip install -e \".[tpu]\" in a checkout)") from None
     return commands
+
+
+if __name__ == "__main__":  # what a worker runs to delete its own slice
+    sys.exit(main(sys.argv[1:]))

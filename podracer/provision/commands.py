@@ -1,4 +1,4 @@
-"""The verbs: run (no verb), up, status, down, list.
+"""The verbs: run (no verb), up, status, logs, down, list.
 
 `launch_on_slice` holds the one promise that matters most: a slice this
 command created is deleted when the run ends, fails, or is interrupted, unless
@@ -8,10 +8,11 @@ the user asked to keep it.
 from __future__ import annotations
 
 import dataclasses
-import signal
-import uuid
+import tempfile
+import time
+from pathlib import Path
 
-from podracer.errors import Interrupted, PodracerError
+from podracer.errors import PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import (
     ApiError,
@@ -20,33 +21,30 @@ from podracer.provision.api import (
     connect,
     is_loopback,
 )
-from podracer.provision.lifecycle import (
-    RunFailed,
-    Say,
-    create_slice,
-    delete_slice,
-    new_launch_id,
-    read_worker_states,
-    wait_for_run,
-    wait_until_ready,
-)
+from podracer.provision.lifecycle import Say, delete_slice, new_launch_id, read_worker_states
+from podracer.provision.supervise import Launch, follow, say_results
+from podracer.provision import logs, staging
 from podracer.provision.report import (
     describe_node,
     describe_queued_resource,
     describe_worker_table,
-    down_command,
     list_table,
     where_to_look,
 )
-from podracer.provision.source import DEFAULT_LAUNCHER, default_install_spec, read_launcher
-from podracer.provision.spec import Command, SliceSpec, WorkerLayout
-from podracer.provision.startup import make_startup_script
-
-LAYOUT = WorkerLayout()
+from podracer.provision.spec import Command, SliceSpec
+from podracer.provision.startup import make_startup_script, worker_config
+from podracer.session import storage
 
 
 def execute(command: Command, say: Say) -> int:
     """Runs `command`; returns the exit status or raises `PodracerError` (or `Interrupted`)."""
+    if command.verb == "logs" and command.run_dir:
+        return logs.show(command.run_dir, command.worker, command.follow, say,
+                         command.timing.poll_interval)
+    if command.verb == "attach" and command.run_dir:
+        # The run's launch record names its slice.
+        spec = _spec_of(Launch.load(command.run_dir), command.spec)
+        command = dataclasses.replace(command, spec=spec)
     if command.dry_run:
         spec = _with_project(command.spec, _project_for_dry_run(command))
         return _dry_run(dataclasses.replace(command, spec=spec), say)
@@ -56,6 +54,12 @@ def execute(command: Command, say: Say) -> int:
             return _list(api, say)
         if command.verb == "status":
             return _status(api, say)
+        if command.verb == "attach":
+            return _attach(api, command, say)
+        if command.verb == "logs":
+            run_dir = _run_dir_of(api)
+            return logs.show(run_dir, command.worker, command.follow, say,
+                             command.timing.poll_interval)
         if command.verb == "down":
             return _down(api, say)
         return _run_or_up(api, command, say)
@@ -101,114 +105,110 @@ def _open_api(command: Command) -> TpuApi:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     create_request: object
-    launch_id: str
     startup_script: str
-    install_notes: tuple[str, ...]
+    run_dir: str
+    staged: staging.Staged
+    launch: Launch
+    notes: tuple[str, ...]
 
 
-def _plan(command: Command, spec: SliceSpec) -> _Plan:
-    """Everything `run`/`up` will send, decided before anything is sent."""
-    if command.install_spec:
-        install_spec, notes = command.install_spec, []
-    else:
-        install_spec, notes = default_install_spec()
-    launcher = read_launcher(command.launcher or DEFAULT_LAUNCHER)
-    script = make_startup_script(install_spec, launcher, command.training_flags, LAYOUT)
-    launch_id = new_launch_id()
-    node = requests.make_node(spec, script, launch_id)
+def _without_run_dir(flags) -> list[str]:
+    """The training flags less `--run-dir` (the workers are given the run's own)."""
+    kept, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--run-dir":
+            skip = True
+        elif not flag.startswith("--run-dir="):
+            kept.append(flag)
+    return kept
+
+
+def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
+    """Everything `run`/`up` will stage and send, decided (and built) before anything is sent."""
+    run_dir = staging.slice_run_dir(command.bucket, command.training_flags, spec.name)
+    # A finished run's slice is deleted by whoever sees the end first: the launcher
+    # following it, or its workers (with their service account), when it is not kept.
+    self_delete = command.verb == "run" and not command.keep
+    extras = staging.worker_extras(command.training_flags) + (("tpu",) if self_delete else ())
+    staged = staging.prepare(run_dir, command.launcher or staging.DEFAULT_LAUNCHER, build_dir,
+                             extras)
+    deadline = time.time() + command.timing.run_timeout
+    config = worker_config(run_dir, staged.code_dir, staged.names,
+                           _without_run_dir(command.training_flags), staging.UV_VERSION,
+                           staging.python_version(), max_restarts=command.max_restarts,
+                           deadline_unix=deadline,
+                           delete_when_done=_slice_address(spec, command) if self_delete else None)
+    script = make_startup_script(config)
+    node = requests.make_node(spec, script, new_launch_id(), run_dir)
     if spec.queued:
         create = requests.create_queued_resource_request(
-            spec, node, command.timing.ready_timeout, request_id=str(uuid.uuid4()))
+            spec, node, command.timing.ready_timeout, request_id=requests.new_request_id())
     else:
         create = requests.create_node_request(spec, node)
-    notes.insert(0, f"workers install: {install_spec}")
+    launch = Launch(run_dir, create, max_restarts=command.max_restarts,
+                    keep=command.keep or command.verb == "up", deadline_unix=deadline)
+    notes = [f"run directory: {run_dir}",
+             f"workers install {staged.wheel.name} and the {staging.LOCK_NAME} beside it "
+             f"(uv {staging.UV_VERSION}, Python {staging.python_version()}), staged in "
+             f"{staged.code_dir}"]
     if not spec.networking.external_ips:
         notes.append("workers get internal IPs only (--internal-ips: networkConfig."
-                     "enableExternalIps is false): they reach PyPI and GitHub only through "
-                     "Cloud NAT on their subnetwork")
-    return _Plan(create, launch_id, script, tuple(notes))
+                     "enableExternalIps is false): they reach PyPI (uv, jax[tpu] and the "
+                     "locked packages) only through Cloud NAT, and the bucket only with "
+                     "Private Google Access, on their subnetwork")
+    return _Plan(create, script, run_dir, staged, launch, tuple(notes))
+
+
+def _slice_address(spec: SliceSpec, command: Command) -> dict:
+    """How a worker names its own slice to delete it: `python launch/tpu.py down` flags."""
+    return {"name": spec.name, "zone": spec.zone, "project": spec.project,
+            "api_endpoint": command.api_endpoint or ""}
 
 
 def _run_or_up(api: TpuApi, command: Command, say: Say) -> int:
-    plan = _plan(command, api.spec)
-    for note in plan.install_notes:
-        say(note)
-    return launch_on_slice(api, plan.create_request, plan.launch_id, say,
-                           wait_for_end=command.verb == "run", keep=command.keep)
+    with tempfile.TemporaryDirectory(prefix="podracer-stage-") as build_dir:
+        plan = _plan(command, api.spec, Path(build_dir))
+        for note in plan.notes:
+            say(note)
+        # The bucket is proved writable and the code staged before a slice is paid for.
+        storage.probe_writable(plan.run_dir)
+        plan.staged.upload()
+    say(f"staged the code in {plan.staged.code_dir}")
+    plan.launch.save()
+    return follow(api, plan.launch, say, create=True, wait_for_end=command.verb == "run",
+                  detach=command.detach)
 
 
-def launch_on_slice(api: TpuApi, create_request, launch_id: str, say: Say, *,
-                    wait_for_end: bool, keep: bool) -> int:
-    """Creates the slice, waits for it, and (when `wait_for_end`) for the run on it.
+def _spec_of(launch: Launch, spec: SliceSpec) -> SliceSpec:
+    """The slice a launch record creates: its project, zone and name."""
+    create = launch.create
+    parts = create.parent.split("/")  # projects/P/locations/Z
+    name = create.queued_resource_id if launch.queued else create.node_id
+    return dataclasses.replace(spec, project=parts[1], zone=parts[3], name=name,
+                               queued=launch.queued)
 
-    Deletes the slice afterwards when `wait_for_end`, and after any failure or
-    Ctrl-C, unless `keep`.
-    """
-    spec = api.spec
-    # From the moment the create is sent the slice may exist, even if the call is
-    # interrupted before its answer comes back.
-    might_exist = True
-    say(f"creating TPU {spec.name} ({spec.shape}) in {spec.zone} ...")
-    try:
-        try:
-            operation = create_slice(api, spec, create_request, launch_id)
-        except ApiError as error:
-            # A refused create made nothing, except one that kept failing with
-            # UNAVAILABLE, which the server may have carried out.
-            might_exist = error.maybe_applied
-            raise
-        node = wait_until_ready(api, spec, operation, say)
-        for line in describe_node(node) + where_to_look(spec, LAYOUT):
-            say(line)
-        if not wait_for_end:
-            say(f"TPU {spec.name} keeps running, and billing, until you run: {down_command(spec)}")
-            return 0
-        outcome = wait_for_run(api, spec, len(node.network_endpoints), say)
-        if not outcome.succeeded:
-            raise RunFailed(f"the run failed on TPU {spec.name}: {outcome.failure()}; "
-                            f"see {LAYOUT.log_path} on the workers")
-        say(f"the run finished on every worker of TPU {spec.name}")
-    except (PodracerError, KeyboardInterrupt) as error:
-        if not might_exist:
-            raise
-        raise _after_cleanup(api, spec, keep, say, error) from None
-    if keep:
-        say(f"kept TPU {spec.name} (--keep); delete it with: {down_command(spec)}")
+
+def _attach(api: TpuApi, command: Command, say: Say) -> int:
+    """Follows a run again, from its launch record: to its end, restarts included."""
+    launch = Launch.load(command.run_dir or _run_dir_of(api))
+    spec = dataclasses.replace(api.spec, queued=launch.queued)
+    api = TpuApi(api.client, spec, api.timing)
+    say(f"attached to the run in {launch.run_dir} on TPU {spec.name}"
+        + (f" ({len(launch.restarts)} restarts so far)" if launch.restarts else ""))
+    node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+    if node is None and _finished(launch.run_dir):
+        say(f"the run has finished and TPU {spec.name} is gone")
+        say_results(launch, spec, say)
         return 0
-    _, failed = _delete_and_describe(api, spec, say)
-    if failed:
-        raise PodracerError(f"the run finished, but {failed}")
-    return 0
+    return follow(api, launch, say, create=False, wait_for_end=True)
 
 
-def _delete_and_describe(api: TpuApi, spec: SliceSpec, say: Say) -> tuple[str, str | None]:
-    """Deletes the slice: (what happened, or None) and (what went wrong, or None)."""
-    try:
-        deleted = delete_slice(api, spec, say)
-    except (PodracerError, KeyboardInterrupt) as error:
-        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else error
-        return "", (f"deleting TPU {spec.name} failed too ({reason}); delete it with: "
-                    f"{down_command(spec)}")
-    return (f"TPU {spec.name} deleted" if deleted else "no TPU was left behind"), None
-
-
-def _after_cleanup(api: TpuApi, spec: SliceSpec, keep: bool, say: Say,
-                   error: BaseException) -> PodracerError | Interrupted:
-    """Deletes the slice after `error` (unless `keep`); the error to report, one line.
-
-    A Ctrl-C is reported as `Interrupted` by SIGINT (exit status 130), as a
-    training run stopped by a signal is.
-    """
-    if keep:
-        outcome = f"TPU {spec.name} kept (--keep); delete it with: {down_command(spec)}"
-    else:
-        done, failed = _delete_and_describe(api, spec, say)
-        outcome = failed or done
-    if isinstance(error, KeyboardInterrupt):
-        return Interrupted(signal.SIGINT, f"interrupted; {outcome}")
-    reported = PodracerError(f"{error}; {outcome}")
-    reported.exit_code = error.exit_code
-    return reported
+def _finished(run_dir: str) -> bool:
+    """Every worker that ran has exited 0, by the exit statuses they left in the bucket."""
+    workers = logs.workers_with_logs(run_dir)
+    return bool(workers) and all(logs.exit_status(run_dir, worker) == 0 for worker in workers)
 
 
 # -- status, down, list --------------------------------------------------------
@@ -227,10 +227,28 @@ def _status(api: TpuApi, say: Say) -> int:
         return 0
     for line in describe_node(node):
         say(line)
-    states = read_worker_states(api, spec, len(node.network_endpoints))
-    for line in describe_worker_table(node, states) + where_to_look(spec, LAYOUT):
+    try:
+        states = read_worker_states(api, spec, len(node.network_endpoints))
+    except ApiError as error:  # the slice's state is worth showing without its workers'
+        say(f"  workers: unknown ({error})")
+        states = []
+    run_dir = node.metadata.get(requests.RUN_DIR_KEY, "")
+    for line in ((describe_worker_table(node, states) if states else [])
+                 + (where_to_look(spec, run_dir) if run_dir else [])):
         say(line)
     return 0
+
+
+def _run_dir_of(api: TpuApi) -> str:
+    """The run directory of the slice `api.spec` names, from the node's metadata."""
+    spec = api.spec
+    node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+    run_dir = node.metadata.get(requests.RUN_DIR_KEY, "") if node is not None else ""
+    if not run_dir:
+        raise PodracerError(
+            f"{_no_such_slice(spec) if node is None else f'TPU {spec.name} was not started by podracer'}"
+            "; read a run's logs from its bucket with: python launch/tpu.py logs gs://BUCKET/PATH")
+    return run_dir
 
 
 def _no_such_slice(spec: SliceSpec) -> PodracerError:
@@ -243,14 +261,14 @@ def _down(api: TpuApi, say: Say) -> int:
     spec = api.spec
     node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
     if node is not None:
-        queued = bool(node.queued_resource)
-    else:
-        resource = api.send_or_none(requests.get_queued_resource_request(spec),
-                                    f"reading queued resource {spec.name}")
-        if resource is None:
-            raise _no_such_slice(spec)
-        queued = True
-    delete_slice(api, dataclasses.replace(spec, queued=queued), say)
+        # The node names the queued resource it came from, which may be named apart from it.
+        delete_slice(api, spec, say, queued_resource=node.queued_resource)
+        return 0
+    resource = api.send_or_none(requests.get_queued_resource_request(spec),
+                                f"reading queued resource {spec.name}")
+    if resource is None:
+        raise _no_such_slice(spec)
+    delete_slice(api, dataclasses.replace(spec, queued=True), say)
     return 0
 
 
@@ -278,17 +296,21 @@ def _dry_run(command: Command, say: Say) -> int:
     empty string) is absent from it; the notes say what that leaves out.
     """
     spec = command.spec
-    script, notes = None, ()
+    script, notes, staged = None, (), []
     if command.verb == "list":
         sent = [requests.list_nodes_request(spec), requests.list_queued_resources_request(spec)]
     elif command.verb == "status":
         sent = [requests.get_node_request(spec), requests.get_queued_resource_request(spec),
                 requests.guest_attributes_request(spec)]
+    elif command.verb == "logs":
+        sent = [requests.get_node_request(spec)]
     elif command.verb == "down":
         sent = [requests.get_node_request(spec), requests.delete_request(spec)]
     else:
-        plan = _plan(command, spec)
-        script, notes = plan.startup_script, plan.install_notes
+        with tempfile.TemporaryDirectory(prefix="podracer-stage-") as build_dir:
+            plan = _plan(command, spec, Path(build_dir))
+            staged = plan.staged.describe()
+        script, notes = plan.startup_script, plan.notes
         sent = [plan.create_request]
         if spec.queued:
             sent.append(requests.get_queued_resource_request(spec))
@@ -300,6 +322,10 @@ def _dry_run(command: Command, say: Say) -> int:
     say(requests.describe_requests(sent))
     for note in notes:
         say(f"# {note}")
+    if staged:
+        say("# staged before the slice is created (uploaded by a real run, not by --dry-run):")
+        for line in staged:
+            say(f"#   {line}")
     if script is not None:
         say(f"# startup script (node metadata {requests.STARTUP_SCRIPT_KEY!r}, run on every worker):")
         say(script.rstrip("\n"))

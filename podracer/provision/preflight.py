@@ -1,6 +1,7 @@
 """The training flags, checked on this machine before a slice is paid for.
 
-Every worker runs `python launch/tpu.py <training flags> --distributed=auto`.
+Every worker runs `python launch/tpu.py <training flags> --run-dir=RUN_DIR`,
+joined to the others by `--coordinator`, `--num-processes` and `--process-id`.
 A mistake in those flags would fail on every worker only after the slice is
 up and billed, so they go through the trainer's own parser first
 (`podracer.orchestrate.parse.parse`: unknown flags, ranges, flags the pair does
@@ -20,9 +21,8 @@ from typing import Iterable, Sequence
 
 from podracer.errors import PodracerError
 
-# What the slice decides for itself: every worker is one process of the run,
-# joined by `--distributed=auto`, which the startup script appends.
-WORKER_FLAG = "--distributed=auto"
+# What the slice decides for itself: every worker is one process of the run;
+# the worker program joins them (`podracer.provision.worker`).
 SET_BY_THE_SLICE = ("--distributed", "--num-processes", "--coordinator", "--process-id")
 
 
@@ -68,7 +68,7 @@ def check_training_flags(training_flags: Sequence[str], provisioner_flags: Itera
             raise PodracerError(unknown_flag(arg, provisioner_flags, known))
         if _name(arg) in SET_BY_THE_SLICE:
             raise PodracerError(f"{_name(arg)} is set by the slice (every worker is one process "
-                                f"of the run, joined with {WORKER_FLAG}); drop it")
+                                "of the run, joined to the others by the worker); drop it")
     run = parse(training_flags).configs["run"]
     check_env(run.arch, run.env)
 

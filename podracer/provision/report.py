@@ -7,7 +7,7 @@ from collections import Counter
 
 from google.cloud import tpu_v2
 
-from podracer.provision.spec import SliceSpec, WorkerLayout
+from podracer.provision.spec import SliceSpec
 from podracer.provision.startup import WorkerState
 
 
@@ -17,22 +17,37 @@ def describe_workers(states: list[WorkerState]) -> str:
     return ", ".join(f"{count} {state}" for state, count in counts.items())
 
 
-def _gcloud_ssh(spec: SliceSpec, remote_command: str) -> str:
-    return " ".join([
-        "gcloud compute tpus tpu-vm ssh", shlex.quote(spec.name),
-        f"--zone={shlex.quote(spec.zone)}", f"--project={shlex.quote(spec.project)}",
-        "--worker=all", f"--command={shlex.quote(remote_command)}",
-    ])
+def _flags(spec: SliceSpec) -> str:
+    return (f"--zone={shlex.quote(spec.zone)} --project={shlex.quote(spec.project)}")
 
 
-def where_to_look(spec: SliceSpec, layout: WorkerLayout) -> list[str]:
-    """Where the run directory and logs are, and the commands that read them."""
+def logs_command(spec: SliceSpec, worker: int | None = None, follow: bool = False) -> str:
+    return " ".join(["python launch/tpu.py logs", shlex.quote(spec.name), _flags(spec)]
+                    + ([f"--worker={worker}"] if worker is not None else [])
+                    + (["--follow"] if follow else []))
+
+
+def where_to_look(spec: SliceSpec, run_dir: str) -> list[str]:
+    """Where the run's results and logs are (all in its bucket), and the commands that read them."""
     return [
-        f"run directory: {layout.run_dir} on every worker "
-        "(relative paths in your training flags resolve there)",
-        f"training log:  {layout.log_path} on every worker",
-        f"follow it:     {_gcloud_ssh(spec, f'tail -n 50 -f {layout.log_path}')}",
+        f"run directory: {run_dir} (checkpoints, metrics, summary, TensorBoard events)",
+        f"worker logs:   {run_dir}/logs/worker-I.log, copied as they grow",
+        f"follow them:   {logs_command(spec, worker=0, follow=True)}",
     ]
+
+
+def describe_summary(summary: dict) -> list[str]:
+    """The run's result from its `summary.json`, in a line or two."""
+    lines = []
+    steps, sps = summary.get("env_steps"), summary.get("sps")
+    if isinstance(steps, int):
+        speed = f" at {sps:,.0f} env steps/s" if isinstance(sps, (int, float)) else ""
+        lines.append(f"  {summary.get('arch')} {summary.get('algo')} on {summary.get('env')}: "
+                     f"{steps:,} env steps{speed} over {summary.get('processes', 1)} processes")
+    if isinstance(summary.get("episode_return_mean"), (int, float)):
+        lines.append(f"  episode return (mean of the last interval): "
+                     f"{summary['episode_return_mean']:.2f}")
+    return lines
 
 
 def down_command(spec: SliceSpec) -> str:

@@ -113,6 +113,8 @@ class Timing:
     delete_timeout: float = 900.0
     retry_deadline: float = 120.0
     call_timeout: float = 60.0
+    # A slice REPAIRING (or otherwise not READY) mid-run this long is lost.
+    repair_timeout: float = 1800.0
 
     @property
     def retry_initial_delay(self) -> float:
@@ -135,28 +137,10 @@ class Command:
     keep: bool = False
     dry_run: bool = False
     api_endpoint: str | None = None
-    install_spec: str | None = None
+    bucket: str | None = None
     launcher: Path | None = None
-
-
-@dataclass(frozen=True)
-class WorkerLayout:
-    """Paths on every TPU worker; the startup script creates them."""
-
-    home: str = "/opt/podracer"
-
-    @property
-    def venv(self) -> str:
-        return f"{self.home}/venv"
-
-    @property
-    def run_dir(self) -> str:
-        return f"{self.home}/run"
-
-    @property
-    def log_path(self) -> str:
-        return f"{self.run_dir}/train.log"
-
-    @property
-    def exit_code_path(self) -> str:
-        return f"{self.run_dir}/exit_code"
+    run_dir: str | None = None  # `logs gs://BUCKET/PATH`: a run read without the API
+    worker: int | None = None  # `logs --worker=I`; None: every worker
+    follow: bool = False  # `logs --follow`
+    max_restarts: int = 0  # re-create a preempted or lost slice this many times
+    detach: bool = False  # leave once the run has started; `attach NAME` follows it again

@@ -1,98 +1,74 @@
 """The startup script every TPU worker runs, and the state it reports back.
 
-The script is the only code that runs on the slice on podracer's behalf: it
-installs podracer, writes the launcher that started the slice, and runs that
-launcher with the user's training flags. It reports progress through the
-guest attribute `podracer/state`, which the provisioner reads with
-`GetGuestAttributes`, so nothing needs SSH access to know how the run went.
+The script writes three files into the worker's home and runs the first with
+the VM's own `python3`: `worker.py` and `worker_io.py` (the sources of
+`podracer.provision.worker` and `worker_io`, standard library only, since
+podracer is not installed yet) and `worker.json`, its configuration: where the run directory and the staged code
+are, the file names, the pinned `uv` and Python, and the training flags. The
+worker reports its progress through the guest attribute `podracer/state`,
+which the provisioner reads with `GetGuestAttributes`, and copies its log to
+`RUN_DIR/logs/worker-I.log`: nothing needs SSH access to know how a run went.
 
-Every value that comes from the user goes through `shlex.quote`; the launcher's
-own source goes in a quoted heredoc, which the shell does not expand.
+Both files go in quoted heredocs, which the shell does not expand; the
+configuration is one line of JSON, so no value can end its heredoc early.
 """
 
 from __future__ import annotations
 
-import shlex
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-from podracer.errors import PodracerError
-from podracer.provision.spec import WorkerLayout
+from podracer.provision import worker, worker_io
 
-GUEST_ATTRIBUTE_NAMESPACE = "podracer"
-GUEST_ATTRIBUTE_KEY = "state"
-# podracer needs Python 3.11; TPU VM images ship an older one, so uv brings its own.
-WORKER_PYTHON = "3.11"
-_LAUNCHER_DELIMITER = "PODRACER_LAUNCHER_EOF"
-_METADATA_URL = (
-    "http://metadata.google.internal/computeMetadata/v1/instance/guest-attributes/"
-    f"{GUEST_ATTRIBUTE_NAMESPACE}/{GUEST_ATTRIBUTE_KEY}"
-)
+GUEST_ATTRIBUTE_NAMESPACE, GUEST_ATTRIBUTE_KEY = worker_io.GUEST_ATTRIBUTE.split("/")
+WORKER_HOME = "/opt/podracer"
+_WORKER_DELIMITER = "PODRACER_WORKER_EOF"
+_WORKER_IO_DELIMITER = "PODRACER_WORKER_IO_EOF"
+_CONFIG_DELIMITER = "PODRACER_CONFIG_EOF"
 
 
-def make_startup_script(
-    install_spec: str,
-    launcher_source: str,
-    training_flags: list[str] | tuple[str, ...],
-    layout: WorkerLayout = WorkerLayout(),
-) -> str:
-    """Bash that installs `install_spec` and runs `python launch/tpu.py <training_flags>`."""
-    if any(line == _LAUNCHER_DELIMITER for line in launcher_source.splitlines()):
-        raise PodracerError(
-            f"the launcher contains the line {_LAUNCHER_DELIMITER}, which would end "
-            "its copy in the startup script early; remove that line")
-    if not launcher_source.endswith("\n"):
-        launcher_source += "\n"
-    q = shlex.quote
-    # Every worker of a slice is one process of the run: jax.distributed.initialize()
-    # finds the others from the TPU metadata.
-    command = " \\\n  ".join(
-        ['"$VENV/bin/python" launch/tpu.py', *(q(flag) for flag in training_flags),
-         "--distributed=auto"])
+def worker_config(run_dir: str, code_dir: str, files: dict[str, str], training_flags,
+                  uv_version: str, python: str, log_interval_s: float = 10.0,
+                  max_restarts: int = 0, deadline_unix: float | None = None,
+                  delete_when_done: dict | None = None) -> dict:
+    """What `worker.py` reads: the run, the staged code, and the flags to train with.
+
+    `max_restarts`: how often the workers start training again, together, from
+    the last checkpoint after it failed (a worker rebooted, a peer lost);
+    `deadline_unix`: when training is stopped (saving a checkpoint) whatever
+    its progress; `delete_when_done`: the slice worker 0 deletes once the run
+    has ended (`name`, `zone`, `project`, `api_endpoint`), or None.
+    """
+    return {"run_dir": run_dir, "code_dir": code_dir, "files": dict(files),
+            "uv_version": uv_version, "python": python,
+            "training_flags": list(training_flags), "log_interval_s": log_interval_s,
+            "max_restarts": max_restarts, "deadline_unix": deadline_unix,
+            "delete_when_done": delete_when_done}
+
+
+def worker_source(module=worker) -> str:
+    source = Path(module.__file__).read_text()
+    return source if source.endswith("\n") else source + "\n"
+
+
+def make_startup_script(config: dict) -> str:
+    """Bash that writes the worker program and its configuration, then runs it."""
     return f"""#!/bin/bash
-# podracer worker: install podracer, then run the training launcher.
-# Progress goes to the guest attribute {GUEST_ATTRIBUTE_NAMESPACE}/{GUEST_ATTRIBUTE_KEY}:
-# installing, running, install-failed=CODE, exit=CODE.
-set -uo pipefail
-
-RUN_DIR={q(layout.run_dir)}
-VENV={q(layout.venv)}
-LOG={q(layout.log_path)}
-EXIT_CODE_FILE={q(layout.exit_code_path)}
-
-publish_state() {{
-  curl --silent --fail --max-time 10 -X PUT --data "$1" \\
-    -H 'Metadata-Flavor: Google' {q(_METADATA_URL)} >/dev/null || true
-}}
-
-# A reboot runs this script again; a run that has finished must not start over.
-if [ -e "$EXIT_CODE_FILE" ]; then
-  publish_state "exit=$(cat "$EXIT_CODE_FILE")"
-  exit 0
-fi
-mkdir -p "$RUN_DIR/launch" || exit 1
-cd "$RUN_DIR" || exit 1
-exec >>"$LOG" 2>&1
-
-publish_state installing
-python3 -m pip install --quiet --upgrade uv \\
-  && python3 -m uv venv --python {WORKER_PYTHON} "$VENV" \\
-  && python3 -m uv pip install --python "$VENV/bin/python" 'jax[tpu]' {q(install_spec)}
-status=$?
-if [ "$status" -ne 0 ]; then
-  echo "$status" >"$EXIT_CODE_FILE"
-  publish_state "install-failed=$status"
-  exit "$status"
-fi
-
-cat >launch/tpu.py <<'{_LAUNCHER_DELIMITER}'
-{launcher_source}{_LAUNCHER_DELIMITER}
-
-publish_state running
-{command}
-status=$?
-echo "$status" >"$EXIT_CODE_FILE"
-publish_state "exit=$status"
-exit "$status"
+# podracer worker: install the code staged in the run's bucket, then train.
+# Progress: guest attribute {worker_io.GUEST_ATTRIBUTE} (installing, running,
+# install-failed=CODE, exit=CODE); log: RUN_DIR/logs/worker-I.log.
+home="${{PODRACER_HOME:-{WORKER_HOME}}}"
+mkdir -p "$home" || exit 1
+cat >"$home/worker_io.py" <<'{_WORKER_IO_DELIMITER}'
+{worker_source(worker_io)}{_WORKER_IO_DELIMITER}
+cat >"$home/worker.py" <<'{_WORKER_DELIMITER}'
+{worker_source(worker)}{_WORKER_DELIMITER}
+cat >"$home/worker.json" <<'{_CONFIG_DELIMITER}'
+{json.dumps(config, sort_keys=True)}
+{_CONFIG_DELIMITER}
+export PODRACER_HOME="$home"
+exec python3 "$home/worker.py" "$home/worker.json"
 """
 
 
