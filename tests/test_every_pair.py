@@ -94,7 +94,8 @@ def test_record_dataset_writes_the_trained_policys_episodes(combined):
 
 COMMON_KEYS = {"arch": str, "algo": str, "env": str, "env_steps": int, "sps": float,
                "episode_return_mean": float, "devices": int, "processes": int, "compile_s": float,
-               "train_s": float, "wall_s": float, "params_fingerprints": list, "config": dict}
+               "train_s": float, "wall_s": float, "time_to_first_step_s": float, "compile_cache": dict,
+               "params_fingerprints": list, "config": dict}
 
 
 def test_the_summaries_common_keys_mean_the_same(combined):
@@ -105,6 +106,9 @@ def test_the_summaries_common_keys_mean_the_same(combined):
     total = int(next(f for f in PAIRS[pair] if f.startswith("--total-steps")).split("=")[1])
     assert summary["env_steps"] >= total and summary["sps"] > 0
     assert summary["wall_s"] > summary["train_s"] > 0 and summary["compile_s"] > 0
+    assert summary["time_to_first_step_s"] > summary["compile_s"]  # from the process's start
+    assert summary["compile_cache"]["dir"] == os.environ["PODRACER_COMPILE_CACHE"]  # conftest's
+    assert summary["compile_cache"]["hits"] + summary["compile_cache"]["misses"] > 0
     assert summary["processes"] == len(summary["params_fingerprints"]) == 1
     assert summary["resumed_from_env_steps"] is None
     assert summary["config"]["run"]["arch"] == pair[0] and summary["config"]["checkpoint"][

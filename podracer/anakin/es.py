@@ -217,7 +217,7 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
         return ESRunner(state, obs_stats, key), metrics
 
     everywhere = parallel.replicated(mesh)
-    return (jax.jit(parts.init, out_shardings=everywhere),
+    return (jax.jit(parts.init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
             jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
 
 

@@ -225,7 +225,7 @@ def make_anakin(
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
     check = bool(axes)
     init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=_RUNNER_SPECS,
-                                         check_vma=check))
+                                         check_vma=check), compiler_options=parallel.run_once_options(mesh))
     train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(_RUNNER_SPECS,),
                                           out_specs=(_RUNNER_SPECS, P()), check_vma=check),
                             donate_argnums=0)

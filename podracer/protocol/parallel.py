@@ -50,6 +50,16 @@ def process_major(local_devices: Sequence[jax.Device]) -> list[jax.Device]:
     return [devices[i] for devices in by_process for i in positions]
 
 
+def run_once_options(mesh: Mesh) -> dict[str, int] | None:
+    """XLA options for a program that runs once (a run's initialisation) on `mesh`.
+
+    On CPU: no LLVM optimisation, which halves its compilation (2.2 s to 0.9 s
+    of CPU time for Anakin PPO's CartPole initialisation) and cannot pay for
+    itself in one call. Other backends compile it as any program.
+    """
+    return {"xla_backend_optimization_level": 0} if mesh.devices.flat[0].platform == "cpu" else None
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """Sharding of an array that every device holds whole."""
     return NamedSharding(mesh, P())

@@ -78,7 +78,7 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     # One jitted call: eager initialisation would compile every small op on its own.
     init = jax.jit(lambda key: init_train_state(
         init_params(network, spec.obs_shape, spec.obs_dtype, key), optimizer, spec.obs_shape),
-        out_shardings=parallel.replicated(mesh))
+        out_shardings=parallel.replicated(mesh), compiler_options=parallel.run_once_options(mesh))
     state = init(jax.random.fold_in(jax.random.PRNGKey(run.seed), 0))
     compile_start = time.perf_counter()
     # One actor thread of every process fills one global trajectory.

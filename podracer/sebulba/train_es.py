@@ -82,7 +82,7 @@ def build(configs: dict[str, Any], devices=None) -> ESSetup:
     everywhere = parallel.replicated(mesh)
     # Made inside one jitted call, so that the state is a global array on several processes.
     state = jax.jit(lambda key: strategy.init(ravel_pytree(policy.init(key, no_obs))[0]),
-                    out_shardings=everywhere)(param_key)
+                    out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh))(param_key)
     obs_dim = math.prod(spec.obs_shape)
     no_observations = es.init_running_stats(obs_dim)
     obs_stats = parallel.from_host(no_observations, everywhere)

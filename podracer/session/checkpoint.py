@@ -35,12 +35,12 @@ from podracer.session import signals, storage
 CHECKPOINT_DIR = "checkpoints"
 
 # Settings that may change between a run and its resumption: how long to run,
-# where and how often to save, how to log, the device count (results are the
-# same on any device count up to float rounding), how processes find each
-# other (a free port, each process's own index) and which host threads or
-# devices act and learn.
+# where and how often to save, where compiled programs are cached, how to log,
+# the device count (results are the same on any device count up to float
+# rounding), how processes find each other (a free port, each process's own
+# index) and which host threads or devices act and learn.
 RESUMABLE_CHANGES = {
-    ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"),
+    ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"), ("run", "compile_cache"),
     ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
     ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
     ("logging", "wandb"), ("logging", "wandb_project"),
