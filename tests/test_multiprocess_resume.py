@@ -7,6 +7,7 @@ resume-or-start decision and in the session's restore.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -19,6 +20,9 @@ TOTAL = 1536
 # One minibatch per update: few collectives per call, each slow on a busy machine.
 TWO = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--epochs=1", "--minibatches=1", "--seed=3",
        "--checkpoint-every=512", f"--total-steps={TOTAL}", "--num-processes=2", "--cpu-devices=2"]
+
+
+PROGRESS = re.compile(r"steps +[\d,]+/[\d,]+ ")
 
 
 def _objects(bucket, prefix):
@@ -61,7 +65,7 @@ def _stop_after_first_progress_line(args, cwd, timeout_s=300):
     watchdog.start()
     try:
         for line in proc.stdout:
-            if line.startswith("steps "):
+            if PROGRESS.search(line):  # maybe after a piece of gloo's (see `_line`)
                 proc.send_signal(signal.SIGTERM)
                 break
         _, stderr = proc.communicate(timeout=timeout_s)
