@@ -41,9 +41,10 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # in several minibatches of whole environment columns.
     ("anakin", "impala", "CartPole-v1"): {"num_envs": 32, "rollout_len": 32, "lr": 1e-3, "minibatches": 4,
                                           "epochs": 2},
+    # Solves (mean return 500) within 400k steps, about 15 s of training on a 2-core CPU.
     ("sebulba", "impala", "CartPole-v1"): {
         "num_envs": 120, "rollout_len": 32, "lr": 1e-3, "ent_coef": 0.0, "minibatches": 4,
-        "epochs": 2, "total_steps": 2_000_000, "log_every": 4},
+        "epochs": 4, "total_steps": 2_000_000, "log_every": 4},
     ("sebulba", "impala", "Pong-v5"): {
         **{k: v for k, v in _ATARI.items() if k not in ("clip_eps", "epochs", "minibatches", "unroll_minibatches")},
         "rollout_len": 32, "lr": 6e-4, "epochs": 1, "minibatches": 1},
