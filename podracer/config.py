@@ -1,6 +1,7 @@
 """Run-level settings: one frozen dataclass per concern.
 
-Algorithm settings live with their algorithm (`podracer.ppo.PPOConfig`),
+Algorithm settings live with their algorithm (`podracer.ppo.PPOConfig`,
+`podracer.vtrace.ImpalaConfig`),
 architecture settings with their architecture (`podracer.anakin.AnakinConfig`).
 Sizes that depend on the devices are derived by pure functions at run time and
 never written back into a config.
@@ -16,7 +17,7 @@ import optax
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 
 ARCHS = ("anakin", "sebulba")
-ALGOS = ("ppo", "es")
+ALGOS = ("ppo", "impala", "es")
 
 # The sections each (architecture, algorithm) reads, and the fields of those
 # sections it does not: a flag that no section of the pair reads is refused, so
@@ -24,9 +25,13 @@ ALGOS = ("ppo", "es")
 USES: dict[tuple[str, str], tuple[str, ...]] = {
     ("anakin", "ppo"): ("run", "ppo", "anakin", "optimizer", "network", "checkpoint", "distributed",
                         "logging", "data"),
+    ("anakin", "impala"): ("run", "impala", "anakin", "optimizer", "network", "checkpoint", "distributed",
+                           "logging", "data"),
     ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging", "data"),
     ("sebulba", "ppo"): ("run", "ppo", "sebulba", "optimizer", "network", "checkpoint", "distributed",
                          "logging", "data"),
+    ("sebulba", "impala"): ("run", "impala", "sebulba", "optimizer", "network", "checkpoint",
+                            "distributed", "logging", "data"),
     ("sebulba", "es"): ("run", "es", "sebulba", "network", "checkpoint", "distributed", "logging",
                         "data"),
 }
@@ -60,7 +65,7 @@ class RunConfig:
     arch: str = "anakin"
     """Architecture: anakin (env and learner on the accelerator) or sebulba (envs on host CPU)."""
     algo: str = "ppo"
-    """Algorithm: ppo or es."""
+    """Algorithm: ppo, impala (V-trace actor-critic) or es."""
     env: str = "CartPole-v1"
     """Environment id (gymnax ids for anakin, envpool ids for sebulba)."""
     seed: int = bounded(0, NON_NEGATIVE)

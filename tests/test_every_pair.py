@@ -3,7 +3,7 @@
 One run per pair carries the flags that combine (`--wandb` offline, `--profile`,
 `--checkpoint-every`, `--cpu-devices`, `--record-dataset`); `--num-processes`
 and `--init-from-dataset` get runs of their own. Each flag's effect is checked
-in what the run wrote, and the four summaries are checked to mean the same.
+in what the run wrote, and the six summaries are checked to mean the same.
 """
 
 import json
@@ -19,11 +19,14 @@ PAIRS = {
     ("anakin", "es"): ["--population=8", "--generations-per-call=2", "--eval-episodes=2", "--horizon=50",
                        "--total-steps=3200"],
     ("sebulba", "ppo"): ["--num-envs=4", "--rollout-len=16", "--total-steps=1024"],
+    ("anakin", "impala"): ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=2048",
+                           "--minibatches=2"],
+    ("sebulba", "impala"): ["--num-envs=4", "--rollout-len=16", "--total-steps=1024", "--minibatches=1"],
     ("sebulba", "es"): ["--population=8", "--eval-episodes=2", "--total-steps=1500"],
 }
 IDS = [f"{arch}-{algo}" for arch, algo in PAIRS]
 CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
-                    ("sebulba", "es"): 300}
+                    ("sebulba", "es"): 300, ("anakin", "impala"): 256, ("sebulba", "impala"): 128}
 RECORD_EPISODES = 3
 
 

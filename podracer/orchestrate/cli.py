@@ -182,14 +182,14 @@ def train(**flags) -> dict:
 
 def _trainer(arch: str, algo: str):
     """`train(configs) -> (summary, final state)` for an architecture and algorithm."""
-    if (arch, algo) == ("anakin", "ppo"):
-        from podracer.anakin.train import train_ppo
+    if arch == "anakin" and algo in ("ppo", "impala"):
+        from podracer.anakin.train import train_actor_critic
 
-        return train_ppo
-    if (arch, algo) == ("sebulba", "ppo"):
-        from podracer.sebulba.train import train_ppo
+        return train_actor_critic
+    if arch == "sebulba" and algo in ("ppo", "impala"):
+        from podracer.sebulba.train import train_actor_critic
 
-        return train_ppo
+        return train_actor_critic
     if (arch, algo) == ("anakin", "es"):
         from podracer.anakin.train_es import train_es
 
@@ -199,7 +199,7 @@ def _trainer(arch: str, algo: str):
 
         return train_es
     raise PodracerError(f"--arch={arch} --algo={algo} is not available; "
-                        f"use --arch=anakin or --arch=sebulba with --algo=ppo or --algo=es")
+                        f"use --arch=anakin or --arch=sebulba with --algo=ppo, impala or es")
 
 
 # Launcher verbs handled by the TPU provisioner rather than by training.
