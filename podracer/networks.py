@@ -13,15 +13,56 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from podracer.distributions import Categorical, DiagGaussian
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu}
 
 
+def _kernel_gradient(x, g):
+    """`x^T g` over the flattened batch: the gradient of `x @ kernel`'s kernel.
+
+    XLA:CPU gives a dot to its fast library (YNNPACK) only when the left operand
+    contracts its minor dimension; `x^T g` contracts the batch, so XLA folds the
+    transpose into the dot and runs it on a slower generic path (a 64x64 kernel's
+    gradient from 128 samples: 7.5 us against 6.6 us, a 64x2 one 3.2 us against
+    2.0). On CPU the barrier keeps the transpose a copy of its own, which is cheap.
+    """
+    x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+
+    def cpu(x, g):
+        return lax.optimization_barrier(x.T) @ g
+
+    return lax.platform_dependent(x, g, cpu=cpu, default=lambda x, g: x.T @ g)
+
+
+@jax.custom_vjp
+def _matmul(x, kernel):
+    return x @ kernel
+
+
+def _matmul_fwd(x, kernel):
+    return x @ kernel, (x, kernel)
+
+
+def _matmul_bwd(residuals, g):
+    x, kernel = residuals
+    return g @ kernel.T, _kernel_gradient(x, g)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def _dot_general(x, kernel, dimension_numbers, precision=None):
+    """What `nn.Dense` contracts (`x`'s last axis with `kernel`'s first), through `_matmul`."""
+    assert dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
+    return _matmul(x, kernel)
+
+
 def _dense(features: int, scale: float) -> nn.Dense:
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
-                    bias_init=nn.initializers.zeros)
+                    bias_init=nn.initializers.zeros, dot_general=_dot_general)
 
 
 class MLP(nn.Module):
