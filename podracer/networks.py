@@ -186,3 +186,61 @@ def make_policy_network(obs_shape: Sequence[int], action_dim: int, discrete: boo
 def init_params(network: nn.Module, obs_shape: Sequence[int], obs_dtype, key: jax.Array):
     """Parameters for `network`, initialised from a single dummy observation."""
     return network.init(key, jnp.zeros((1, *obs_shape), obs_dtype))
+
+
+def _pair_product(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """`x @ kernel` for a pair's two rows; narrow outputs as products summed along the rows.
+
+    Under a vmap over pairs this is a batched matrix product with a kernel per
+    pair: XLA:CPU runs one with a few output columns (a policy head) slowly, a
+    product summed along the contiguous input axis in one fused kernel
+    (128 pairs, 64 -> 2: 19 us against 7).
+    """
+    if kernel.shape[-1] > 8:
+        return x @ kernel
+    return jnp.sum(x[..., None, :] * kernel.T, axis=-1)
+
+
+def apply_antithetic(module: nn.Module, mean, noise, scale, obs: jax.Array) -> jax.Array:
+    """`module.apply` for both members of an antithetic pair, sharing their work.
+
+    Row 0 of `obs` ([2, ...]) is acted on with the variables `mean + scale *
+    noise`, row 1 with `mean - scale * noise` (`mean` and `noise` are variable
+    trees of `module`). Each `nn.Dense` computes, for rows `x` and signs `s`,
+
+        x @ W + b + s * scale * (x @ dW + db)
+
+    instead of building two kernels: one product with the mean's kernel for
+    both rows, one with the noise for the pair. For a population that is every
+    member sharing one matrix product per layer, and one per pair for the noise,
+    where a member-by-member evaluation reads a kernel per member. The same
+    numbers up to rounding. Only for modules whose parameters all belong to
+    `nn.Dense` layers (checked when traced).
+    """
+    used = set()
+
+    def dense(next_fun, args, kwargs, context):
+        layer = context.module
+        if not (isinstance(layer, nn.Dense) and context.method_name == "__call__"):
+            return next_fun(*args, **kwargs)
+        (x,) = args
+        path = tuple(layer.scope.path)
+        used.add(path)
+        layer_noise = noise["params"]
+        for name in path:
+            layer_noise = layer_noise[name]
+        sign = jnp.array([1.0, -1.0], x.dtype).reshape((2,) + (1,) * (x.ndim - 1))
+        kernel = layer.get_variable("params", "kernel")
+        y = x @ kernel + sign * (scale * _pair_product(x, layer_noise["kernel"]))
+        if layer.use_bias:
+            y = y + layer.get_variable("params", "bias") + sign * (scale * layer_noise["bias"])
+        return y
+
+    with nn.intercept_methods(dense):
+        out = module.apply(mean, obs)
+    owners = {tuple(str(k.key) for k in path[:-1])
+              for path, _ in jax.tree_util.tree_flatten_with_path(mean["params"])[0]}
+    if owners - used:
+        raise ValueError(f"apply_antithetic handles nn.Dense parameters only; {module.__class__.__name__} "
+                         f"has others at {sorted(owners - used)}")
+    return out

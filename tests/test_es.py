@@ -79,6 +79,19 @@ def test_ask_returns_mean_plus_sigma_times_member_noise():
     np.testing.assert_allclose(params[0] + params[1], 2 * jnp.arange(3.0), rtol=1e-6)
 
 
+@pytest.mark.parametrize("make", [lambda: es.make_openai_es(8, sigma=0.3, optimizer=optax.sgd(1.0)),
+                                  lambda: es.make_ars(4, 2, step_size=0.1, sigma=0.3)])
+def test_perturb_factors_what_ask_returns(make):
+    strategy = make()
+    state = strategy.init(jnp.linspace(-1.0, 1.0, 5))
+    perturbation = jax.jit(strategy.perturb, static_argnums=3)(state, KEY, 1, 3)  # pairs 1, 2, 3
+    asked = strategy.ask(state, KEY, jnp.arange(2, 8))
+    plus = perturbation.mean + perturbation.scale * perturbation.noise
+    minus = perturbation.mean - perturbation.scale * perturbation.noise
+    np.testing.assert_allclose(asked[0::2], plus, rtol=1e-6)
+    np.testing.assert_allclose(asked[1::2], minus, rtol=1e-6)
+
+
 # ---------------------------------------------------------------- OpenAI-ES
 
 

@@ -1,10 +1,11 @@
-"""The networks' dense layers: the same values and gradients as flax's own `nn.Dense`."""
+"""The networks' dense layers: flax's own `nn.Dense` values and gradients; pairs of ES members."""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.flatten_util import ravel_pytree
 
 from podracer import networks
 from podracer.networks import make_network
@@ -39,3 +40,34 @@ def test_kernel_gradient_is_x_transpose_g():
     g = jax.random.normal(jax.random.PRNGKey(4), (5, 7, 2))
     expected = np.einsum("abi,abj->ij", np.asarray(x, np.float64), np.asarray(g, np.float64))
     np.testing.assert_allclose(jax.jit(networks._kernel_gradient)(x, g), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("discrete, hidden", [(True, (16, 16)), (False, (8,))])
+def test_apply_antithetic_acts_as_each_member(discrete, hidden):
+    policy = networks.make_policy_network((4,), 3, discrete, hidden)
+    mean = policy.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
+    flat, unravel = ravel_pytree(mean)
+    eps = jax.random.normal(jax.random.PRNGKey(1), flat.shape)
+    obs = jax.random.normal(jax.random.PRNGKey(2), (64, 2, 4))  # 64 pairs of observations
+    scale = 0.7 if discrete else 0.3
+    pair = jax.jit(jax.vmap(lambda o: networks.apply_antithetic(policy, mean, unravel(eps), scale, o)))(obs)
+    plus = jax.vmap(lambda o: policy.apply(unravel(flat + scale * eps), o))(obs[:, 0])
+    minus = jax.vmap(lambda o: policy.apply(unravel(flat - scale * eps), o))(obs[:, 1])
+    members = jnp.stack([plus, minus], axis=1)
+    assert not np.array_equal(plus, jax.vmap(lambda o: policy.apply(mean, o))(obs[:, 0]))  # not vacuous
+    if discrete:
+        np.testing.assert_array_equal(pair, members)
+    else:
+        np.testing.assert_allclose(pair, members, rtol=1e-5, atol=1e-6)
+
+
+def test_apply_antithetic_refuses_other_layers():
+    class WithScale(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x) * self.param("scale", nn.initializers.ones, (2,))
+
+    module = WithScale()
+    variables = module.init(jax.random.PRNGKey(0), jnp.zeros((2, 3)))
+    with pytest.raises(ValueError, match="nn.Dense parameters only"):
+        networks.apply_antithetic(module, variables, variables, 0.1, jnp.zeros((2, 3)))

@@ -29,7 +29,7 @@ from podracer.es.noise import (
 )
 from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
 from podracer.es.sharded import make_sharded_phases, make_sharded_step, make_sharded_step_normalized
-from podracer.es.strategy import Strategy, fitness_metrics
+from podracer.es.strategy import Perturbation, Strategy, fitness_metrics
 
 # ARS V2's observation statistics are the package-wide ones PPO also uses.
 from podracer.normalize import (
@@ -47,6 +47,7 @@ __all__ = (
     "ESConfig",
     "OpenAIESState",
     "RunningStats",
+    "Perturbation",
     "Strategy",
     "VARIANTS",
     "all_pair_noise",

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from podracer.es.noise import all_pair_noise, population_noise, split_pairs
-from podracer.es.strategy import Strategy, check_population, check_positive, fitness_metrics
+from podracer.es.strategy import Perturbation, Strategy, check_population, check_positive, fitness_metrics
 from podracer.errors import PodracerError
 
 
@@ -131,4 +131,8 @@ def make_openai_es(
         }
         return OpenAIESState(mean, opt_state, state.generation + 1), metrics
 
-    return Strategy(init, ask, tell, population_size)
+    def perturb(state: OpenAIESState, key: chex.PRNGKey, first_pair, num_pairs: int) -> Perturbation:
+        noise = all_pair_noise(key, num_pairs, state.mean.shape[0], first_pair)
+        return Perturbation(state.mean, jnp.asarray(sigma, jnp.float32), noise)
+
+    return Strategy(init, ask, tell, population_size, perturb)
