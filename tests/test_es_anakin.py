@@ -104,9 +104,10 @@ def test_a_pair_evaluates_as_its_two_members(env_id, normalize, episodes):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), pair_seen, both)
     else:
         assert pair_seen == ()
-    # make_anakin_es takes this path for its MLP policy.
-    assert _make_parts(env, policy, es.ESConfig(population=4), parallel.make_mesh(jax.devices()[:1]),
-                       None).pair_fitness is not None
+    # make_anakin_es takes this path for its MLP policy with low-rank noise.
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    assert _make_parts(env, policy, es.ESConfig(population=4, low_rank=1), mesh, None).pair_fitness
+    assert _make_parts(env, policy, es.ESConfig(population=4), mesh, None).pair_fitness is None
 
 
 def test_normalized_episode_reports_only_the_observations_before_the_end():
@@ -147,6 +148,8 @@ def test_config_rejects_settings_that_cannot_work():
         es.ESConfig(variant="cma")
     with pytest.raises(ValueError, match="ARS variants only"):
         es.ESConfig(top_directions=4)
+    with pytest.raises(ValueError, match="--low-rank applies to --variant=openai only"):
+        es.ESConfig(variant="ars_v1", low_rank=1)
     with pytest.raises(PodracerError, match="population=12"):
         _anakin_es("CartPole-v1", es.ESConfig(population=12), jax.devices())
 
@@ -173,6 +176,19 @@ def test_same_step_on_1_and_8_devices(env_id, variant):
     for a, b in zip(m1, m8):
         np.testing.assert_allclose(a["fitness_mean"], b["fitness_mean"], rtol=1e-4)
         np.testing.assert_allclose(a["mean_params_return"], b["mean_params_return"], rtol=1e-4)
+
+
+def test_low_rank_es_matches_on_1_and_8_devices_and_learns():
+    config = es.ESConfig(population=16, horizon=200, generations_per_call=4, eval_episodes=8,
+                         low_rank=1)
+    one, m1, _ = _run("CartPole-v1", config, jax.devices()[:1], calls=2)
+    eight, m8, _ = _run("CartPole-v1", config, jax.devices(), calls=2)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 one.strategy, eight.strategy)
+    for a, b in zip(m1, m8):
+        np.testing.assert_allclose(a["fitness_mean"], b["fitness_mean"], rtol=1e-4)
+    _, history, _ = _run("CartPole-v1", config, jax.devices()[:1], calls=6)
+    assert history[0]["mean_params_return"] < 100 and history[-1]["mean_params_return"] >= 150
 
 
 # ---------------------------------------------------------------- command line

@@ -71,3 +71,19 @@ def test_apply_antithetic_refuses_other_layers():
     variables = module.init(jax.random.PRNGKey(0), jnp.zeros((2, 3)))
     with pytest.raises(ValueError, match="nn.Dense parameters only"):
         networks.apply_antithetic(module, variables, variables, 0.1, jnp.zeros((2, 3)))
+
+
+def test_apply_antithetic_takes_low_rank_kernels():
+    policy = networks.make_policy_network((4,), 2, False, (16,))
+    mean = policy.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
+    keys = iter(jax.random.split(jax.random.PRNGKey(5), 16))
+    factored = jax.tree.map(lambda x: (jax.random.normal(next(keys), (x.shape[0], 2)),
+                                       jax.random.normal(next(keys), (x.shape[1], 2)))
+                            if x.ndim == 2 else jax.random.normal(next(keys), x.shape), mean)
+    dense = jax.tree.map(lambda f: f[0] @ f[1].T if isinstance(f, tuple) else f, factored,
+                         is_leaf=lambda f: isinstance(f, tuple))
+    obs = jax.random.normal(jax.random.PRNGKey(2), (2, 4))
+    ours = networks.apply_antithetic(policy, mean, factored, 0.2, obs)
+    explicit = networks.apply_antithetic(policy, mean, dense, 0.2, obs)
+    np.testing.assert_allclose(ours, explicit, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(ours, networks.apply_antithetic(policy, mean, jax.tree.map(jnp.zeros_like, dense), 0.2, obs))

@@ -5,13 +5,14 @@ deterministic policy, each a `lax.scan` of `horizon` steps on a gymnax env. The
 scan keeps stepping after an episode ends (the env restarts it from its first
 state), but rewards stop counting at the first step that ends it (terminated or
 truncated), so the return is that of exactly one complete, or horizon-cut,
-episode. All of a device's members and episodes are vmapped; a policy made of
-`nn.Dense` layers (the default `MLPPolicy`) is evaluated pair by pair, both
-members of an antithetic pair acting together and every member sharing the
-mean's matrix products (`networks.apply_antithetic`). The ES protocol
-(`podracer.es.make_sharded_step`) does ask -> evaluate -> all-gather of the
-fitness scalars -> tell, `generations_per_call` times per host call. The same
-call then evaluates the new mean parameters (`mean_params_return`).
+episode. All of a device's members and episodes are vmapped. With low-rank
+noise (`ESConfig.low_rank`) a policy made of `nn.Dense` layers (the default
+`MLPPolicy`) is evaluated pair by pair, both members of an antithetic pair
+acting together, every member sharing the mean's matrix products and each
+layer's noise applied through its factors (`networks.apply_antithetic`). The ES
+protocol (`podracer.es.make_sharded_step`) does ask -> evaluate -> all-gather
+of the fitness scalars -> tell, `generations_per_call` times per host call. The
+same call then evaluates the new mean parameters (`mean_params_return`).
 """
 
 from __future__ import annotations
@@ -169,12 +170,18 @@ def make_pair_fitness_fn(pair_episode, unravel: Callable, episodes_per_member: i
     """`pair_fitness(mean, scale, noise, key, obs_stats) -> (fitness [2], seen)`.
 
     What `make_fitness_fn`'s `fitness` gives each member of the antithetic pair
-    `mean +- scale * noise` (flat vectors) on `key`, from `pair_episode` (from
-    `make_pair_episode_fn`): the same keys, so the same episodes.
+    `mean +- scale * noise` on `key`, from `pair_episode` (from
+    `make_pair_episode_fn`): the same keys, so the same episodes. `mean` is
+    flat; `noise` flat too, or leaf by leaf (`es.low_rank_pair_factors`).
     """
 
     def pair_fitness(mean, scale, noise, key, obs_stats):
-        mean, noise = unravel(mean), unravel(noise)
+        mean_tree = unravel(mean)
+        if isinstance(noise, (list, tuple)):
+            noise = jax.tree.unflatten(jax.tree.structure(mean_tree), list(noise))
+        else:
+            noise = unravel(noise)
+        mean = mean_tree
         if episodes_per_member == 1:
             return pair_episode(mean, scale, noise, key, obs_stats)
         keys = jax.random.split(key, episodes_per_member)
@@ -218,21 +225,25 @@ def _make_parts(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
                 strategy: es.Strategy | None) -> _ESParts:
     """What the fused step and the profile-mode phases share."""
     layout = make_es_layout(config, env, mesh)
-    strategy = make_strategy(config) if strategy is None else strategy
+    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
+    shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
+    param_shapes = [leaf.shape for leaf in jax.tree.leaves(shapes)]
+    strategy = make_strategy(config, param_shapes) if strategy is None else strategy
     if strategy.population_size != config.population:
         raise PodracerError(f"the strategy's population ({strategy.population_size}) differs "
                             f"from --population={config.population}")
     normalize = config.normalize_observations
     axes = (parallel.DATA_AXIS,)
     obs_dim = math.prod(env.spec.obs_shape)
-    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
-    shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
     _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
     episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
     member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, normalize)
     pair_fitness = None
-    if _all_dense(policy, shapes, dummy_obs):
-        # A pair's members share the mean's matrix products (networks.apply_antithetic).
+    if config.low_rank and _all_dense(policy, shapes, dummy_obs):
+        # A pair's members share the mean's matrix products (networks.apply_antithetic), and
+        # each layer's rank-r noise is applied through its factors. (Full-rank pairs were
+        # measured too: no faster here, the products with each pair's noise as costly as
+        # each member's own kernel; members are evaluated one by one.)
         pair_act = lambda mean, noise, scale, obs: apply_antithetic(policy, mean, noise, scale, obs)
         pair_episode = make_pair_episode_fn(env, pair_act, layout.horizon, normalize, axes)
         pair_fitness = make_pair_fitness_fn(pair_episode, unravel, config.episodes_per_member,

@@ -20,8 +20,12 @@ settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`; Anakin E
 from podracer.es.ars import ARSState, ars_step, make_ars
 from podracer.es.config import VARIANTS, ESConfig, make_strategy
 from podracer.es.noise import (
+    LowRank,
     all_pair_noise,
     antithetic_sign,
+    flatten_factors,
+    low_rank_pair_factors,
+    low_rank_pair_noise,
     member_noise,
     pair_noise,
     population_noise,
@@ -47,6 +51,7 @@ __all__ = (
     "ESConfig",
     "OpenAIESState",
     "RunningStats",
+    "LowRank",
     "Perturbation",
     "Strategy",
     "VARIANTS",
@@ -59,6 +64,9 @@ __all__ = (
     "init_running_stats",
     "make_ars",
     "make_openai_es",
+    "flatten_factors",
+    "low_rank_pair_factors",
+    "low_rank_pair_noise",
     "make_sharded_phases",
     "make_sharded_step",
     "make_sharded_step_normalized",

@@ -31,7 +31,7 @@ class Perturbation(NamedTuple):
 
     mean: chex.Array  # [num_dims]
     scale: chex.Array  # scalar
-    noise: chex.Array  # [num_pairs, num_dims]
+    noise: Any  # [num_pairs, num_dims]; low-rank noise: per leaf (`es.low_rank_pair_factors`)
 
 
 PerturbFn = Callable[[Any, chex.PRNGKey, chex.Array, int], Perturbation]
