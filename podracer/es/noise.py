@@ -21,17 +21,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from podracer import prng
-
 
 def pair_noise(key: chex.PRNGKey, pair_index: chex.Numeric, num_dims: int) -> chex.Array:
-    """`eps_k ~ N(0, I)` of antithetic pair `k`: float32 `[num_dims]`.
-
-    Drawn through `prng.fast` (jax's Threefry bits, in fused kernels on CPU):
-    a generation draws `population / 2` parameter-sized vectors twice, in `ask`
-    and again in `tell`.
-    """
-    return jax.random.normal(jax.random.fold_in(prng.fast(key), pair_index), (num_dims,), jnp.float32)
+    """`eps_k ~ N(0, I)` of antithetic pair `k`: float32 `[num_dims]`."""
+    return jax.random.normal(jax.random.fold_in(key, pair_index), (num_dims,), jnp.float32)
 
 
 def antithetic_sign(member_index: chex.Numeric) -> chex.Array:
@@ -102,7 +95,7 @@ def low_rank_pair_factors(key: chex.PRNGKey, pair_index: chex.Numeric,
     B)`; any other leaf a standard normal array of its shape. Drawn from
     `fold_in(fold_in(key, k), leaf)`: any device regenerates any pair.
     """
-    pair_key = jax.random.fold_in(prng.fast(key), pair_index)
+    pair_key = jax.random.fold_in(key, pair_index)
     factors = []
     for leaf, shape in enumerate(shapes):
         leaf_key = jax.random.fold_in(pair_key, leaf)
