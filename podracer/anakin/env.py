@@ -200,6 +200,19 @@ class GymnaxEnv:
     def step(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         return self.step_with(self.draw(key), state, action)
 
+    def draw_restarting(self, key: jax.Array, obs: jax.Array, state: EnvState) -> StepDraws:
+        """The draws of `step(key, ...)`, but an episode that ends starts again from
+        `obs`/`state` (an earlier reset) instead of a new random one.
+
+        For a caller that ignores what follows the end of an episode (an ES
+        episode): the same steps up to that end, without drawing a reset at every
+        step. Environments that reset inside their own step draw as `draw`.
+        """
+        if not self._standard_step:
+            return StepDraws(key, None, None)
+        step_key, _ = jax.random.split(key)
+        return StepDraws(step_key, obs, state.inner)
+
     def draw(self, key: jax.Array) -> StepDraws:
         """Everything `step(key, ...)` draws: gymnax's own key split and reset."""
         if not self._standard_step:
