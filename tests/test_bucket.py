@@ -28,9 +28,9 @@ SEBULBA = ["--arch=sebulba", "--env=CartPole-v1", "--cpu-devices=2", "--num-envs
            "--log-every=2", "--checkpoint-every=0", "--seed=1"]
 
 
-def _launch(args, cwd, timeout=240):
+def _launch(args, cwd, timeout=240, env=None):
     return subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=dict(os.environ))
+                          cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def _objects(bucket, prefix):
@@ -159,6 +159,26 @@ def test_policy_eval_and_plot_read_the_bucket(gcs_bucket, anakin_run, tmp_path):
     _no_local_gs(str(tmp_path), REPO_ROOT)
 
 
+def test_a_bucket_run_keeps_its_compiled_programs_beside_it_in_the_bucket(gcs_bucket, tmp_path):
+    """No cache named: a gs:// run directory's programs go to compile_cache/ beside it, and come back."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PODRACER_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    summaries = []
+    for name in ("first", "again"):
+        args = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=1024",
+                "--checkpoint-every=0", f"--run-dir=gs://{BUCKET}/cached/{name}"]
+        result = subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=240,
+                                cwd=tmp_path, env={**environ, "HOME": str(tmp_path)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        summaries.append(json.loads(gcs_bucket.blob(f"cached/{name}/summary.json").download_as_text()))
+    first, again = (summary["compile_cache"] for summary in summaries)
+    assert first["dir"] == again["dir"] == f"gs://{BUCKET}/cached/compile_cache"
+    assert not first["hit"] and first["misses"] >= 2
+    assert again == {**first, "hit": True, "hits": first["misses"], "misses": 0}
+    assert len(_objects(gcs_bucket, "cached/compile_cache/")) == first["misses"]
+    assert not (tmp_path / ".cache").exists()  # nothing in the local default
+
+
 def test_bucket_without_gcsfs_is_one_line_before_compiling(gcs_bucket, tmp_path):
     code = ("import sys; sys.modules['gcsfs'] = None; "  # as if the gcs extra were not installed
             "from podracer.orchestrate.cli import main; "
@@ -209,13 +229,123 @@ def test_es_writes_to_the_bucket(gcs_bucket, tmp_path, arch):
     _no_local_gs(str(tmp_path), REPO_ROOT)
 
 
-@pytest.mark.parametrize("flag", ["record_dataset", "init_from_dataset"])
-def test_datasets_stay_local(flag):
-    """A dataset in a bucket is refused in one line before anything is built (not written to ./gs:)."""
-    from podracer.data.config import DataConfig
-    from podracer.data.train_hooks import check_data_config
-    from podracer.errors import PodracerError
+DATASET = f"gs://{BUCKET}/datasets/cartpole"
+RECORD_EPISODES = 4
 
-    with pytest.raises(PodracerError, match=f"--{flag.replace('_', '-')}=gs://b/d: datasets are read and written "
-                                            f"on a local disk only"):
-        check_data_config(DataConfig(**{flag: "gs://b/d"}))
+
+def _tmpdir(root):
+    """A TMPDIR for a subprocess: the local copies of a dataset must not stay in it."""
+    folder = root / "tmp"
+    folder.mkdir()
+    return folder
+
+
+def _left_copies(tmpdir):
+    return [name for name in os.listdir(tmpdir) if name.startswith("podracer-dataset-")]
+
+
+@pytest.fixture(scope="module")
+def recorded(gcs_bucket, tmp_path_factory):
+    """An Anakin PPO run (local run directory) that records its policy into the bucket."""
+    cwd = tmp_path_factory.mktemp("record")
+    tmpdir = _tmpdir(cwd)
+    result = _launch([*ANAKIN, "--total-steps=2048", f"--run-dir={cwd / 'run'}", f"--record-dataset={DATASET}",
+                      f"--record-episodes={RECORD_EPISODES}", "--record-deterministic"], cwd,
+                     env={"TMPDIR": str(tmpdir)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"cwd": cwd, "tmpdir": tmpdir, "summary": json.loads((cwd / "run" / "summary.json").read_text())}
+
+
+def test_record_dataset_into_the_bucket_reads_back(gcs_bucket, recorded, tmp_path):
+    from podracer import data
+
+    summary = recorded["summary"]
+    assert summary["dataset_dir"] == DATASET and summary["dataset_episodes"] == RECORD_EPISODES
+    names = {name.rsplit("/", 1)[1] for name in _objects(gcs_bucket, "datasets/cartpole/")}
+    assert {"dataset_info.json", "features.json", "metadata.json"} <= names
+    assert "podracer_episodes-train.array_record-00000" in names
+    assert not _left_copies(recorded["tmpdir"])
+    # The public reader, from the bucket, in a process of its own (the clients' variables
+    # as the launcher's): what the run reported, CartPole's reward being 1 per step. And
+    # the check a run makes before anything is built: the directory is taken.
+    code = ("import json; from podracer import data; from podracer.errors import PodracerError\n"
+            "from podracer.data.train_hooks import check_data_config\n"
+            f"b = data.load_episodes({DATASET!r})\n"
+            "refused = None\n"
+            "try:\n"
+            f"    check_data_config(data.DataConfig(record_dataset={DATASET!r}))\n"
+            "except PodracerError as error:\n"
+            "    refused = str(error)\n"
+            "print(json.dumps({'lengths': b.metadata['episode_length'].tolist(), "
+            "'obs': float(b.steps['observation'].sum()), 'refused': refused, "
+            f"'env': data.dataset_metadata({DATASET!r})['env']}}))")
+    tmpdir = _tmpdir(tmp_path)
+    read = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                          env={**os.environ, "TMPDIR": str(tmpdir)})
+    assert read.returncode == 0, read.stderr[-3000:]
+    got = json.loads(read.stdout.splitlines()[-1])
+    assert len(got["lengths"]) == RECORD_EPISODES and got["env"] == "CartPole-v1"
+    assert got["refused"] == f"{DATASET} already exists and is not empty; record into a new or empty directory"
+    assert sum(got["lengths"]) == pytest.approx(RECORD_EPISODES * summary["dataset_return_mean"])
+    assert not _left_copies(tmpdir)
+    # The objects themselves, fetched by google-cloud-storage, are that dataset.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for blob in gcs_bucket.list_blobs(prefix="datasets/cartpole/"):
+        blob.download_to_filename(str(copy / blob.name.rsplit("/", 1)[1]))
+    local = data.load_episodes(str(copy))
+    assert local.metadata["episode_length"].tolist() == got["lengths"]
+    assert float(local.steps["observation"].sum()) == pytest.approx(got["obs"])
+    assert float(local.metadata["episode_return"].mean()) == pytest.approx(summary["dataset_return_mean"])
+    _no_local_gs(str(recorded["cwd"]), str(tmp_path), REPO_ROOT)
+
+
+def test_init_from_dataset_in_the_bucket_clones_it(gcs_bucket, recorded, tmp_path):
+    tmpdir = _tmpdir(tmp_path)
+    # The recording run's flags: its compiled training program is reused.
+    result = _launch([*ANAKIN, "--total-steps=2048", f"--run-dir={tmp_path / 'run'}",
+                      f"--init-from-dataset={DATASET}", "--bc-steps=200"], tmp_path, env={"TMPDIR": str(tmpdir)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # Every acting step of the recording, cloned far better than chance (log 1/2 = -0.69):
+    # its actions are the deterministic ones of the recorded policy.
+    recorded_steps = RECORD_EPISODES * recorded["summary"]["dataset_return_mean"]
+    assert summary["bc_steps"] == 200 and summary["bc_demonstrations"] == pytest.approx(recorded_steps)
+    assert summary["bc_log_likelihood"] > -0.4, summary["bc_log_likelihood"]
+    assert not _left_copies(tmpdir)
+    _no_local_gs(str(tmp_path), REPO_ROOT)
+
+
+def test_a_failed_dataset_upload_keeps_the_local_copy(gcs_emulator, tmp_path):
+    code = ("import numpy as np; from podracer import data; from podracer.errors import PodracerError\n"
+            "writer = data.DatasetWriter('gs://no-such-bucket/ds', data.step_spec((4,), np.float32, (), np.int32))\n"
+            "writer.add_episode({'observation': np.ones((3, 4)), 'action': np.zeros(3, np.int32), "
+            "'reward': np.ones(3), 'discount': np.ones(3), 'is_terminal': np.zeros(3, bool), "
+            "'policy_log_prob': np.zeros(3)})\n"
+            "try:\n    writer.close()\nexcept PodracerError as error:\n    print(error)\n")
+    tmpdir = _tmpdir(tmp_path)
+    result = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                            env={**os.environ, "TMPDIR": str(tmpdir)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = result.stdout.strip().splitlines()
+    [kept] = _left_copies(tmpdir)
+    assert line == (f"could not upload the dataset to gs://no-such-bucket/ds (no such bucket); it is kept in "
+                    f"{tmpdir / kept}: copy it with `gcloud storage rsync -r {tmpdir / kept} gs://no-such-bucket/ds`")
+    from podracer import data
+
+    assert data.load_episodes(str(tmpdir / kept)).metadata["episode_length"].tolist() == [2]
+
+
+def test_upload_tree_sends_the_dataset_description_last(tmp_path, monkeypatch):
+    """A dataset whose upload is cut short has no dataset_info.json in the bucket: it is not one."""
+    from podracer.session import storage as files
+
+    for relative in ("dataset_info.json", "features.json", "a.array_record-00000", "sub/z.json"):
+        (tmp_path / relative).parent.mkdir(exist_ok=True)
+        (tmp_path / relative).write_text(relative)
+    sent = []
+    monkeypatch.setattr(files, "upload", lambda local, remote: sent.append((local, remote)))
+    assert files.upload_tree(str(tmp_path), "gs://b/ds", last=("dataset_info.json",)) == 4
+    assert sent[-1] == (str(tmp_path / "dataset_info.json"), "gs://b/ds/dataset_info.json")
+    assert sorted(sent[:-1]) == [(str(tmp_path / name), f"gs://b/ds/{name}")
+                                 for name in ("a.array_record-00000", "features.json", "sub/z.json")]

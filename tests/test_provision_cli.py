@@ -47,7 +47,7 @@ def cli(server, launcher, capsys, gcs_bucket):
     def run(*argv, verb=None, slice_flags=True, shape=("--accelerator-type=v4-32",)):
         flags = [f"--zone={ZONE}", f"--project={PROJECT}",
                  f"--api-endpoint={server.endpoint}", "--poll-interval=0.01",
-                 "--retry-deadline=2", "--ready-timeout=10", "--run-timeout=10"]
+                 "--retry-deadline=2", "--ready-timeout=10", "--max-run-time=10"]
         if slice_flags:
             flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}", f"--bucket={BUCKET}"]
         status = main(([verb] if verb else []) + flags + list(argv))
@@ -680,3 +680,146 @@ def test_the_end_of_a_run_prints_its_summary_from_the_bucket(cli, service, gcs_b
     assert "episode return (mean of the last interval): 20.50" in out
     assert f"python -m podracer.plot {BUCKET}/done-run" in out
     assert service.nodes == {}
+
+
+def _launch_record(gcs_bucket, service) -> dict:
+    run_dir = service.requests_of("CreateNode")[0].node.metadata[api_requests.RUN_DIR_KEY]
+    blob = gcs_bucket.blob(run_dir.removeprefix(BUCKET + "/") + "/launch.json")
+    return json.loads(blob.download_as_text())
+
+
+def test_preempt_with_restarts_left_creates_the_slice_again_and_records_it(cli, service, gcs_bucket):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY, NodeState.PREEMPTED]
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+    creates = []
+
+    def second_slice_is_not_preempted():
+        creates.append(1)
+        if len(creates) == 2:
+            service.node_states = [NodeState.CREATING, NodeState.READY]
+
+    service.on_call("CreateNode", second_slice_is_not_preempted)
+    status, out, err = cli("--max-restarts=1", *TRAINING)
+
+    assert (status, err) == (0, "")
+    assert service.methods_called().count("CreateNode") == 2
+    assert service.methods_called().count("DeleteNode") == 2  # the preempted one, then the finished one
+    assert "was PREEMPTED during the run; restart 1 of 1" in out and service.nodes == {}
+    first, second = service.requests_of("CreateNode")
+    # The same slice, asked for again; each create has its own launch id.
+    assert first.node.metadata["startup-script"] == second.node.metadata["startup-script"]
+    assert (first.node.labels[api_requests.LAUNCH_ID_LABEL]
+            != second.node.labels[api_requests.LAUNCH_ID_LABEL])
+    record = _launch_record(gcs_bucket, service)
+    assert [restart["reason"] for restart in record["restarts"]] == [
+        "TPU slice-1 was PREEMPTED during the run"]
+
+
+def test_an_api_outage_longer_than_the_retry_deadline_never_deletes_a_training_slice(cli, service):
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+    outages = []
+
+    def outage():  # once the run is going: GetNode unavailable for a good while
+        if not outages:
+            outages.append(1)
+            service.fail("GetNode", grpc.StatusCode.UNAVAILABLE, times=60)
+
+    service.on_call("GetGuestAttributes", outage, after_effect=True)
+    status, out, err = cli("--retry-deadline=0.2", *TRAINING)
+
+    assert (status, err) == (0, "")
+    assert "cannot reach the Cloud TPU API" in out and "the Cloud TPU API answers again" in out
+    # Deleted once, at the end of the run, not during the outage.
+    assert service.methods_called().count("DeleteNode") == 1
+    assert service.methods_called()[-1] in ("DeleteNode", "GetOperation")
+
+
+def test_repairing_then_ready_is_waited_out(cli, service):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY,
+                           NodeState.REPAIRING, NodeState.REPAIRING, NodeState.READY]
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+
+    status, out, err = cli(*TRAINING)
+
+    assert (status, err) == (0, "")
+    assert "TPU REPAIRING" in out and "workers: 4 exited 0" in out
+
+
+def test_a_slice_unhealthy_for_good_is_lost_and_deleted(cli, service):
+    service.node_states = [NodeState.CREATING, NodeState.READY, NodeState.READY] + [NodeState.REPAIRING] * 10_000
+    service.worker_states = [["running"] * 4]
+
+    status, out, err = cli("--repair-timeout=0.3", *TRAINING)
+
+    assert status == 1
+    line = _single_error_line(err)
+    assert "stayed REPAIRING for 0.3 s" in line and "TPU slice-1 deleted" in line
+    assert service.nodes == {}
+
+
+def test_down_deletes_the_queued_resource_the_node_names_even_named_apart(cli, service):
+    other = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/qr-other"
+    service.nodes[NODE] = service._new_node(NODE, tpu_v2.Node(), queued_resource=other)
+    resource = tpu_v2.QueuedResource(name=other, tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+        tpu_v2.QueuedResource.Tpu.NodeSpec(node_id=NAME)]))
+    from tests.tpu_server import _Slot
+    service.queued[other] = _Slot(resource)
+
+    status, out, err = cli(NAME, verb="down", slice_flags=False)
+
+    assert (status, err) == (0, "")
+    (delete,) = service.requests_of("DeleteQueuedResource")
+    assert delete.name == other and delete.force
+    assert service.nodes == {} and service.queued == {}
+
+
+def test_detach_leaves_the_run_and_attach_follows_it_to_the_end(cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4] * 3 + [["exit=0"] * 4]
+
+    status, out, err = cli("--detach", "--max-restarts=2", *TRAINING)
+    assert (status, err) == (0, "")
+    assert "detached: TPU slice-1 trains on" in out
+    assert f"python launch/tpu.py attach {NAME} --zone={ZONE} --project={PROJECT}" in out
+    assert list(service.nodes) == [NODE] and "DeleteNode" not in service.methods_called()
+    config = _worker_config(service.requests_of("CreateNode")[0].node.metadata["startup-script"])
+    # Without a launcher, the workers delete their finished slice themselves.
+    assert config["delete_when_done"] == {"name": NAME, "zone": ZONE, "project": PROJECT,
+                                          "api_endpoint": config["delete_when_done"]["api_endpoint"]}
+    assert config["max_restarts"] == 2 and config["deadline_unix"] > time.time()
+
+    status, out, err = cli(NAME, verb="attach", slice_flags=False)
+    assert (status, err) == (0, "")
+    assert "attached to the run in gs://podracer-runs/runs/slice-1-" in out
+    assert "the run finished on every worker" in out and service.nodes == {}
+
+    # Attaching again, by the run directory, once all is over: the workers' exit
+    # statuses in the bucket say it finished.
+    run_dir = _launch_record(gcs_bucket, service)["run_dir"]
+    logs = run_dir.removeprefix(BUCKET + "/") + "/logs/"
+    gcs_bucket.blob(logs + "worker-0.log").upload_from_string("done\n")
+    gcs_bucket.blob(logs + "worker-0.exit").upload_from_string("0")
+    status, out, err = cli(run_dir, verb="attach", slice_flags=False)
+    assert (status, err) == (0, "") and "the run has finished and TPU slice-1 is gone" in out
+
+
+def test_a_slice_its_workers_deleted_at_the_end_is_not_created_again(cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4]
+    done = []
+
+    def workers_finish_and_delete_their_slice():
+        if done:
+            return
+        done.append(1)
+        run_dir = service.requests_of("CreateNode")[0].node.metadata[api_requests.RUN_DIR_KEY]
+        logs = run_dir.removeprefix(BUCKET + "/") + "/logs/"
+        for worker in range(4):
+            gcs_bucket.blob(f"{logs}worker-{worker}.log").upload_from_string("done\n")
+            gcs_bucket.blob(f"{logs}worker-{worker}.exit").upload_from_string("0")
+        service.nodes.clear()  # worker 0's own `down`
+
+    service.on_call("GetGuestAttributes", workers_finish_and_delete_their_slice, after_effect=True)
+    status, out, err = cli("--max-restarts=3", *TRAINING)
+
+    assert (status, err) == (0, "")
+    assert "the run finished on every worker, and TPU slice-1 is gone" in out
+    assert service.methods_called().count("CreateNode") == 1

@@ -129,3 +129,27 @@ def test_worker_state_outcomes():
     assert WorkerState("install-failed", 1).failed
     assert not WorkerState("running").finished
     assert WorkerState("install-failed", 1).describe() == "install failed (exit 1)"
+
+
+def test_workers_meet_at_a_barrier_in_the_bucket_and_a_rebooted_one_joins_the_next_attempt(
+        tmp_path, gcs_bucket, monkeypatch):
+    run_dir = f"gs://{gcs_bucket.name}/barrier-run"
+    config = {**_config(["--arch=anakin"], bucket=run_dir), "barrier_timeout_s": 0.5}
+    endpoints = worker_endpoints(["10.0.0.2", "10.0.0.3"])
+    with MetadataServer({"agent-worker-number": "0", "worker-network-endpoints": endpoints,
+                         "podracer-launch": "l1"}) as zero, \
+            MetadataServer({"agent-worker-number": "1", "worker-network-endpoints": endpoints,
+                            "podracer-launch": "l1"}) as one:
+        monkeypatch.setenv("GCE_METADATA_HOST", zero.host)
+        for home in ("w0", "w1"):
+            (tmp_path / home).mkdir()
+        first = worker.Worker(config, str(tmp_path / "w0"))
+        assert first.first_attempt() == 0
+        assert first.barrier(0) is False  # alone: the other worker never came
+        monkeypatch.setenv("GCE_METADATA_HOST", one.host)
+        second = worker.Worker(config, str(tmp_path / "w1"))
+        assert second.barrier(0) is True  # both are there now
+        # Worker 1 reboots mid-run: it joins the attempt after the one it was in.
+        assert worker.Worker(config, str(tmp_path / "w1")).first_attempt() == 1
+    names = sorted(blob.name for blob in gcs_bucket.list_blobs(prefix="barrier-run/barrier/"))
+    assert names == ["barrier-run/barrier/l1/0/worker-0", "barrier-run/barrier/l1/0/worker-1"]

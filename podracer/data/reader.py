@@ -1,4 +1,4 @@
-"""Read any RLDS-shaped tensorflow-datasets dataset from a local directory, without TensorFlow.
+"""Read any RLDS-shaped tensorflow-datasets dataset from a local or `gs://` directory, without TensorFlow.
 
 An RLDS-shaped dataset has a `steps` sequence feature per episode (RL
 Unplugged, D4RL, envlogger and podracer datasets all do). array_record files are
@@ -10,12 +10,18 @@ parser; steps made of plain tensors are decoded as whole arrays, anything else
     batch = load_episodes("/tmp/cartpole")            # EpisodeBatch, padded + mask
     windows = load_windows("/tmp/cartpole", size=8)   # {field: [M, 8, ...]}
     batch = jax.device_put(batch)                     # onto the default device
+
+A directory may be `gs://BUCKET/PATH` (`pip install 'podracer-rl[gcs]'`): its
+description is read there (tfds through `etils.epath`), and its records from a
+temporary local copy (in `tempfile`'s directory: `TMPDIR`) removed once read,
+since array_record and the tfrecord reader here read local files.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import posixpath
 import struct
 from typing import Any, Iterator, Mapping
 
@@ -25,6 +31,7 @@ import numpy as np
 from podracer.data.episodes import EpisodeBatch, pad_episodes, windows
 from podracer.data.spec import RLDS_MANDATORY, STEPS, import_tfds
 from podracer.errors import PodracerError
+from podracer.session import storage
 
 # Per-step fields a caller needs, with the per-step shape each must have (None: any).
 Requirements = Mapping[str, "tuple[int, ...] | None"]
@@ -32,20 +39,33 @@ DEFAULT_REQUIREMENTS: dict[str, tuple[int, ...] | None] = {name: () for name in 
 
 
 def find_dataset_dir(data_dir: str) -> str:
-    """The directory under `data_dir` that holds one tfds dataset's `dataset_info.json`."""
-    data_dir = os.path.expanduser(os.fspath(data_dir))
-    if not os.path.isdir(data_dir):
-        raise PodracerError(f"dataset directory {data_dir} does not exist")
-    if os.path.isfile(os.path.join(data_dir, "dataset_info.json")):
-        return data_dir
+    """The directory under `data_dir` (local or `gs://`) that holds one tfds dataset's
+    `dataset_info.json`."""
+    data_dir = os.fspath(data_dir)
+    remote = storage.is_remote(data_dir)
+    if remote:
+        if not storage.isdir(data_dir):
+            raise PodracerError(f"dataset directory {data_dir} does not exist")
+        if storage.exists(storage.join(data_dir, "dataset_info.json")):
+            return data_dir
+        path_of = posixpath
+        paths = lambda pattern: storage.glob(data_dir, pattern)
+    else:
+        data_dir = os.path.expanduser(data_dir)
+        if not os.path.isdir(data_dir):
+            raise PodracerError(f"dataset directory {data_dir} does not exist")
+        if os.path.isfile(os.path.join(data_dir, "dataset_info.json")):
+            return data_dir
+        path_of = os.path
+        paths = lambda pattern: glob.glob(os.path.join(data_dir, pattern))
     # A tfds data_dir nests datasets as NAME/[CONFIG/]VERSION/.
-    found = sorted({os.path.dirname(path) for depth in range(1, 4) for path in glob.glob(
-        os.path.join(data_dir, *["*"] * depth, "dataset_info.json"))})
+    found = sorted({path_of.dirname(path) for depth in range(1, 4)
+                    for path in paths("/".join(["*"] * depth + ["dataset_info.json"]))})
     if not found:
         raise PodracerError(f"no tensorflow-datasets dataset in {data_dir} (no dataset_info.json "
                             f"in it or below); pass the directory a dataset was written to")
     if len(found) > 1:
-        shown = ", ".join(os.path.relpath(path, data_dir) for path in found[:3])
+        shown = ", ".join(path_of.relpath(path, data_dir.rstrip("/")) for path in found[:3])
         more = ", ..." if len(found) > 3 else ""
         raise PodracerError(f"{data_dir} holds {len(found)} datasets ({shown}{more}); "
                             f"pass the directory of the one to read")
@@ -168,18 +188,26 @@ def _records(builder, split: str) -> Iterator[bytes]:
         raise PodracerError(f"dataset {builder.data_dir} has no split {split!r} "
                             f"(it has: {', '.join(info.splits.keys()) or 'none'})")
     file_format = info.file_format or tfds.core.FileFormat.TFRECORD
+    if file_format not in (tfds.core.FileFormat.ARRAY_RECORD, tfds.core.FileFormat.TFRECORD):
+        raise PodracerError(f"dataset {builder.data_dir} is stored as {file_format.value}; podracer "
+                            f"reads array_record and tfrecord (convert it with `tfds convert_format`)")
     if info.splits[split].num_examples == 0:
+        return
+    data_dir = os.fspath(builder.data_dir)
+    if storage.is_remote(data_dir):  # both formats are read from local files: read a copy
+        with storage.downloaded(data_dir, prefix="podracer-dataset-") as local:
+            try:
+                yield from _records(tfds.builder_from_directory(local), split)
+            except PodracerError as error:  # name the dataset, not its temporary copy
+                raise PodracerError(str(error).replace(local, data_dir)) from None
         return
     if file_format == tfds.core.FileFormat.ARRAY_RECORD:
         source = builder.as_data_source(split=split,
                                         deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
         yield from (source[i] for i in range(len(source)))
-    elif file_format == tfds.core.FileFormat.TFRECORD:
+    else:
         for path in info.splits[split].filepaths:
             yield from _tfrecord_records(os.fspath(path))
-    else:
-        raise PodracerError(f"dataset {builder.data_dir} is stored as {file_format.value}; podracer "
-                            f"reads array_record and tfrecord (convert it with `tfds convert_format`)")
 
 
 def iter_episodes(data_dir: str, split: str = "train", *, max_episodes: int | None = None,

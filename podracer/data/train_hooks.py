@@ -17,6 +17,9 @@ A run session calls three functions, each a no-op when its flag is not given:
     policy = es_policy(strategy_mean, obs_stats, es_config, network_config, spec)
     recorded = record_policy(data, arch, run.env, policy, run.seed)
 
+Either dataset directory may be `gs://BUCKET/PATH`: `DatasetWriter` records
+locally and uploads, the readers read a temporary local copy.
+
 The run session (`podracer.session.session`) makes these calls for every pair.
 """
 
@@ -51,16 +54,20 @@ RECORD_CHUNK = 256
 
 
 def check_data_config(data: DataConfig, writes: bool = True) -> None:
-    """Fail before training, not after it: the extra is installed, the dataset to clone
-    exists, and (in the process that `writes` the recording) the output directory is free."""
+    """Fail before training, not after it: the extras are installed, the dataset to clone
+    exists, and (in the process that `writes` the recording) the output directory is free
+    (and, in a bucket, writable)."""
     for flag, path in (("--record-dataset", data.record_dataset), ("--init-from-dataset", data.init_from_dataset)):
-        if path and storage.is_remote(path):  # os.makedirs would make a local directory named `gs:`
-            raise PodracerError(f"{flag}={path}: datasets are read and written on a local disk only; "
-                                f"pass a local directory (and copy it to the bucket afterwards)")
+        try:
+            storage.check(path)  # another scheme, or gs:// without gcsfs
+        except PodracerError as error:
+            raise PodracerError(f"{flag}={error}") from None
     if data.record_dataset or data.init_from_dataset:
         import_tfds()
     if data.record_dataset and writes:
         check_new_dataset_dir(data.record_dataset)
+        if storage.is_remote(data.record_dataset):
+            storage.probe_writable(data.record_dataset, "--record-dataset")
     if data.init_from_dataset:
         find_dataset_dir(data.init_from_dataset)
 

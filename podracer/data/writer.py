@@ -11,6 +11,12 @@ numpy serializer and stored with array_record. The result reads back with
     writer.end_episode(final_obs, terminated=True)
     writer.close()
 
+`data_dir` may be `gs://BUCKET/PATH` (`pip install 'podracer-rl[gcs]'`):
+array_record writes local files only, so the writer records into a temporary
+local directory and `close()` uploads it (`dataset_info.json` last, so a copy
+cut short is not a dataset) and removes it. An upload that fails raises a
+one-line `PodracerError` naming the local copy, which it keeps.
+
 One writer may be shared by several actor threads: each passes its own
 `stream` (any hashable, e.g. `(actor_id, env_index)`) to `add_step` and
 `end_episode`, and a lock makes every call atomic. The lock is held while an
@@ -20,6 +26,8 @@ episode is serialised, so writing costs an actor that much time at episode ends.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from typing import Any, Hashable, Mapping
 
@@ -30,14 +38,20 @@ from podracer.data.spec import (ACTION, DISCOUNT, EPISODE_METADATA, IS_FIRST, IS
                                 OBSERVATION, RLDS_STEP_FIELDS, REWARD, STEPS, FieldSpec, import_tfds,
                                 tfds_features)
 from podracer.errors import PodracerError
+from podracer.session import storage
 
 DEFAULT_NAME = "podracer_episodes"
 FILE_FORMAT = "array_record"
 
 
 def check_new_dataset_dir(data_dir: str) -> None:
-    """A one-line error unless `data_dir` is new or an empty directory: never mix datasets."""
-    if os.path.isfile(data_dir) or (os.path.isdir(data_dir) and os.listdir(data_dir)):
+    """A one-line error unless `data_dir` (local or `gs://`) is new or an empty directory:
+    never mix datasets."""
+    if storage.is_remote(data_dir):
+        taken = storage.exists(data_dir) and not (storage.isdir(data_dir) and not storage.listdir(data_dir))
+    else:
+        taken = os.path.isfile(data_dir) or (os.path.isdir(data_dir) and bool(os.listdir(data_dir)))
+    if taken:
         raise PodracerError(f"{data_dir} already exists and is not empty; "
                             f"record into a new or empty directory")
 
@@ -64,6 +78,9 @@ class DatasetWriter:
         stored in `metadata.json` and read back as `info.metadata`.
       max_shard_bytes: a new array_record file starts when the current one passes this.
 
+    `data_dir` may be `gs://BUCKET/PATH`: the dataset is written locally (in
+    `tempfile`'s directory: `TMPDIR`) and uploaded by `close()`.
+
     Every episode also gets `episode_id`, `episode_return` and `episode_length`.
     Call `close()` (or use the writer as a context manager): the dataset's
     metadata is written when a shard is finished. Episodes begun with `add_step`
@@ -82,8 +99,15 @@ class DatasetWriter:
             raise ValueError(f"step spec lacks the RLDS fields {missing}")
         self._steps = {name_: FieldSpec(tuple(spec.shape), np.dtype(spec.dtype))
                        for name_, spec in steps.items()}
-        _make_dataset_dir(data_dir)
         self.data_dir = data_dir
+        if storage.is_remote(data_dir):  # array_record writes local files: record here, upload at close
+            check_new_dataset_dir(data_dir)
+            self._local_dir: str | None = tempfile.mkdtemp(prefix="podracer-dataset-")
+            data_dir = self._local_dir
+        else:
+            _make_dataset_dir(data_dir)
+            self._local_dir = None
+        self._write_dir = data_dir
         features = tfds_features(self._steps, EPISODE_METADATA)
         self._serializer = ExampleSerializer(features.get_serialized_info())
         self._info = tfds.core.DatasetInfo(
@@ -223,16 +247,30 @@ class DatasetWriter:
         split = tfds.core.SplitInfo(name=self._split, shard_lengths=list(self._shard_lengths),
                                     num_bytes=sum(self._shard_bytes), filename_template=self._template)
         self._info.set_splits(tfds.core.SplitDict([split]))
-        self._info.write_to_directory(self.data_dir)
+        self._info.write_to_directory(self._write_dir)
 
     def close(self) -> None:
-        """Finish the last shard and write the dataset's metadata; idempotent."""
+        """Finish the last shard and write the dataset's metadata (and upload the dataset to a
+        `gs://` `data_dir`); idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._finish_shard()
             self._open_steps.clear()
             self._closed = True
+            if self._local_dir is not None:
+                self._upload()
+
+    def _upload(self) -> None:
+        local = self._local_dir
+        try:
+            storage.upload_tree(local, self.data_dir, last=("dataset_info.json",))
+        except Exception as error:  # noqa: BLE001 - gcsfs raises OSError subclasses and HTTP errors
+            reason = storage.failure(error)
+            raise PodracerError(f"could not upload the dataset to {self.data_dir} ({reason}); it is kept "
+                                f"in {local}: copy it with `gcloud storage rsync -r {local} "
+                                f"{self.data_dir}`") from None
+        shutil.rmtree(local, ignore_errors=True)
 
     def __enter__(self) -> "DatasetWriter":
         return self

@@ -44,6 +44,12 @@ class ApiError(PodracerError):
         return isinstance(self.cause, api_exceptions.AlreadyExists)
 
     @property
+    def transient(self) -> bool:
+        """An outage, not an answer: the API unreachable, or a token that could not be refreshed."""
+        return isinstance(self.cause, (api_exceptions.RetryError, *_TRANSIENT,
+                                       auth_exceptions.GoogleAuthError))
+
+    @property
     def maybe_applied(self) -> bool:
         """True when the server may have acted although the call failed (lost responses)."""
         return isinstance(self.cause, (api_exceptions.RetryError, *_TRANSIENT))

@@ -7,6 +7,7 @@ print exactly what a real run would send.
 from __future__ import annotations
 
 import json
+import uuid
 
 from google.cloud import tpu_v2
 from google.protobuf import duration_pb2
@@ -101,6 +102,11 @@ def create_queued_resource_request(
     )
 
 
+def new_request_id() -> str:
+    """Makes a retried create idempotent on the server; one per create."""
+    return str(uuid.uuid4())
+
+
 def get_node_request(spec: SliceSpec) -> tpu_v2.GetNodeRequest:
     return tpu_v2.GetNodeRequest(name=spec.node_path)
 
@@ -125,14 +131,20 @@ def delete_node_request(spec: SliceSpec) -> tpu_v2.DeleteNodeRequest:
     return tpu_v2.DeleteNodeRequest(name=spec.node_path)
 
 
-def delete_queued_resource_request(spec: SliceSpec) -> tpu_v2.DeleteQueuedResourceRequest:
-    # force: delete the slice's node with it, so nothing billable is left behind.
-    return tpu_v2.DeleteQueuedResourceRequest(name=spec.queued_resource_path, force=True)
+def delete_queued_resource_request(spec: SliceSpec, name: str = "") -> tpu_v2.DeleteQueuedResourceRequest:
+    """Deletes the queued resource `name` (default: the one named as the slice).
+
+    force: its node goes with it, so nothing billable is left behind.
+    """
+    return tpu_v2.DeleteQueuedResourceRequest(name=name or spec.queued_resource_path, force=True)
 
 
-def delete_request(spec: SliceSpec):
-    """How to delete the slice `spec` describes, node or queued resource."""
-    return delete_queued_resource_request(spec) if spec.queued else delete_node_request(spec)
+def delete_request(spec: SliceSpec, queued_resource: str = ""):
+    """How to delete the slice `spec` describes: its node, or the queued resource it came
+    from (`queued_resource`, the node's own `queued_resource` field, when known)."""
+    if spec.queued or queued_resource:
+        return delete_queued_resource_request(spec, queued_resource)
+    return delete_node_request(spec)
 
 
 def rpc_name(request) -> str:

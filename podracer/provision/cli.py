@@ -1,4 +1,4 @@
-"""`python launch/tpu.py [up|status|logs|down|list] --tpu=NAME --zone=ZONE ... [training flags]`.
+"""`python launch/tpu.py [up|status|logs|attach|down|list] --tpu=NAME --zone=ZONE ... [training flags]`.
 
 Verbs, as a gcloud user expects them:
 - no verb: create the slice, run training on every worker, wait for the run to
@@ -8,6 +8,9 @@ Verbs, as a gcloud user expects them:
 - `status`: the slice's state and what each worker's run is doing;
 - `logs NAME` (or `logs gs://BUCKET/RUN`): the workers' logs, from the run's
   bucket (`--worker=I` for one, `--follow` until the run ends);
+- `attach NAME` (or `attach gs://BUCKET/RUN`): follow a run again, as the
+  command that started it would have (`--detach`, or a launcher that was lost):
+  to its end, restarts after preemption included, then delete the slice;
 - `down`: delete the slice (and its queued resource);
 - `list`: the slices in a zone.
 
@@ -36,7 +39,7 @@ from podracer.provision import preflight, validate
 from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
                                      Timing, default_runtime_version)
 
-VERBS = ("up", "status", "logs", "down", "list")
+VERBS = ("up", "status", "logs", "attach", "down", "list")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +57,12 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
     return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0, 1, 2, ...)")
+    return int(text)
 
 
 def _worker_index(text: str) -> int:
@@ -100,6 +109,14 @@ def _make_parser(verb: str) -> _Parser:
         run_flags = parser.add_argument_group("the run")
         run_flags.add_argument("--keep", action="store_true",
                                help="never delete the slice, not even after a failure")
+        run_flags.add_argument("--max-restarts", type=_count, default=0, metavar="N",
+                               help="when the slice is preempted or lost, create it again up to "
+                                    "N times; the workers resume from the run's last checkpoint "
+                                    "in the bucket (and start training again together up to N "
+                                    "times if it fails, e.g. after a worker rebooted) (default 0)")
+        run_flags.add_argument("--detach", action="store_true",
+                               help="return once the run has started; follow it again with "
+                                    "`attach NAME`; its workers delete the slice when it ends")
         run_flags.add_argument("--bucket", metavar="gs://BUCKET[/PREFIX]",
                                help="where the run lives: its staged code, checkpoints, metrics, "
                                     "summary and the workers' logs, in PREFIX/runs/NAME (or give "
@@ -124,8 +141,13 @@ def _make_parser(verb: str) -> _Parser:
                            metavar="SECONDS")
     api_flags.add_argument("--ready-timeout", type=_seconds, default=Timing.ready_timeout,
                            metavar="SECONDS", help="give up if the slice is not ready by then")
-    api_flags.add_argument("--run-timeout", type=_seconds, default=Timing.run_timeout,
-                           metavar="SECONDS", help="give up (and delete) if the run goes longer")
+    api_flags.add_argument("--max-run-time", type=_seconds, default=Timing.run_timeout,
+                           metavar="SECONDS", help="stop the run (it saves a checkpoint) and delete "
+                                                   "the slice once it has gone this long (default "
+                                                   "86400); the workers keep this deadline too")
+    api_flags.add_argument("--repair-timeout", type=_seconds, default=Timing.repair_timeout,
+                           metavar="SECONDS", help="a slice not READY (REPAIRING) this long mid-run "
+                                                   "is lost: restarted, or deleted (default 1800)")
     api_flags.add_argument("--retry-deadline", type=_seconds, default=Timing.retry_deadline,
                            metavar="SECONDS", help="how long to retry an unavailable API")
     return parser
@@ -151,10 +173,10 @@ def parse_command(argv: list[str]) -> Command:
         split = rest.index("--")
         rest, after_dashes = rest[:split], rest[split + 1:]
     args, unknown = _make_parser(verb).parse_known_args(rest)
-    if verb in ("status", "logs", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
+    if verb in ("status", "logs", "attach", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
         args.tpu = unknown.pop(0)  # `status NAME`, as with gcloud
     run_dir = None
-    if verb == "logs" and args.tpu and args.tpu.startswith("gs://"):
+    if verb in ("logs", "attach") and args.tpu and args.tpu.startswith("gs://"):
         run_dir, args.tpu = args.tpu.rstrip("/"), None  # a run read from its bucket alone
     training_flags = tuple(unknown + after_dashes)
     if verb not in ("run", "up") and training_flags:
@@ -185,8 +207,9 @@ def parse_command(argv: list[str]) -> Command:
     if verb in ("run", "up"):
         spec = _creation(spec, args)
     timing = Timing(poll_interval=args.poll_interval, ready_timeout=args.ready_timeout,
-                    run_timeout=args.run_timeout, retry_deadline=args.retry_deadline,
-                    call_timeout=min(Timing.call_timeout, args.retry_deadline))
+                    run_timeout=args.max_run_time, retry_deadline=args.retry_deadline,
+                    call_timeout=min(Timing.call_timeout, args.retry_deadline),
+                    repair_timeout=args.repair_timeout)
     return Command(
         verb=verb,
         spec=spec,
@@ -200,6 +223,8 @@ def parse_command(argv: list[str]) -> Command:
         run_dir=run_dir,
         worker=getattr(args, "worker", None),
         follow=getattr(args, "follow", False),
+        max_restarts=getattr(args, "max_restarts", 0),
+        detach=getattr(args, "detach", False),
     )
 
 
@@ -271,3 +296,7 @@ def _load_commands():
         raise PodracerError(f"the TPU provisioner needs {error.name}, which is missing; "
                             "install it with: pip install \"podracer-rl[tpu]\" (or pip install -e \".[tpu]\" in a checkout)") from None
     return commands
+
+
+if __name__ == "__main__":  # what a worker runs to delete its own slice
+    sys.exit(main(sys.argv[1:]))

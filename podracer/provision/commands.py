@@ -8,13 +8,11 @@ the user asked to keep it.
 from __future__ import annotations
 
 import dataclasses
-import json
-import signal
 import tempfile
-import uuid
+import time
 from pathlib import Path
 
-from podracer.errors import Interrupted, PodracerError
+from podracer.errors import PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import (
     ApiError,
@@ -23,25 +21,14 @@ from podracer.provision.api import (
     connect,
     is_loopback,
 )
-from podracer.provision.lifecycle import (
-    RunFailed,
-    Say,
-    create_slice,
-    delete_slice,
-    new_launch_id,
-    read_worker_states,
-    wait_for_run,
-    wait_until_ready,
-)
+from podracer.provision.lifecycle import Say, delete_slice, new_launch_id, read_worker_states
+from podracer.provision.supervise import Launch, follow, say_results
 from podracer.provision import logs, staging
 from podracer.provision.report import (
     describe_node,
     describe_queued_resource,
-    describe_summary,
     describe_worker_table,
-    down_command,
     list_table,
-    logs_command,
     where_to_look,
 )
 from podracer.provision.spec import Command, SliceSpec
@@ -54,6 +41,10 @@ def execute(command: Command, say: Say) -> int:
     if command.verb == "logs" and command.run_dir:
         return logs.show(command.run_dir, command.worker, command.follow, say,
                          command.timing.poll_interval)
+    if command.verb == "attach" and command.run_dir:
+        # The run's launch record names its slice.
+        spec = _spec_of(Launch.load(command.run_dir), command.spec)
+        command = dataclasses.replace(command, spec=spec)
     if command.dry_run:
         spec = _with_project(command.spec, _project_for_dry_run(command))
         return _dry_run(dataclasses.replace(command, spec=spec), say)
@@ -63,6 +54,8 @@ def execute(command: Command, say: Say) -> int:
             return _list(api, say)
         if command.verb == "status":
             return _status(api, say)
+        if command.verb == "attach":
+            return _attach(api, command, say)
         if command.verb == "logs":
             run_dir = _run_dir_of(api)
             return logs.show(run_dir, command.worker, command.follow, say,
@@ -112,10 +105,10 @@ def _open_api(command: Command) -> TpuApi:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     create_request: object
-    launch_id: str
     startup_script: str
     run_dir: str
     staged: staging.Staged
+    launch: Launch
     notes: tuple[str, ...]
 
 
@@ -135,19 +128,27 @@ def _without_run_dir(flags) -> list[str]:
 def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     """Everything `run`/`up` will stage and send, decided (and built) before anything is sent."""
     run_dir = staging.slice_run_dir(command.bucket, command.training_flags, spec.name)
+    # A finished run's slice is deleted by whoever sees the end first: the launcher
+    # following it, or its workers (with their service account), when it is not kept.
+    self_delete = command.verb == "run" and not command.keep
+    extras = staging.worker_extras(command.training_flags) + (("tpu",) if self_delete else ())
     staged = staging.prepare(run_dir, command.launcher or staging.DEFAULT_LAUNCHER, build_dir,
-                             staging.worker_extras(command.training_flags))
+                             extras)
+    deadline = time.time() + command.timing.run_timeout
     config = worker_config(run_dir, staged.code_dir, staged.names,
                            _without_run_dir(command.training_flags), staging.UV_VERSION,
-                           staging.python_version())
+                           staging.python_version(), max_restarts=command.max_restarts,
+                           deadline_unix=deadline,
+                           delete_when_done=_slice_address(spec, command) if self_delete else None)
     script = make_startup_script(config)
-    launch_id = new_launch_id()
-    node = requests.make_node(spec, script, launch_id, run_dir)
+    node = requests.make_node(spec, script, new_launch_id(), run_dir)
     if spec.queued:
         create = requests.create_queued_resource_request(
-            spec, node, command.timing.ready_timeout, request_id=str(uuid.uuid4()))
+            spec, node, command.timing.ready_timeout, request_id=requests.new_request_id())
     else:
         create = requests.create_node_request(spec, node)
+    launch = Launch(run_dir, create, max_restarts=command.max_restarts,
+                    keep=command.keep or command.verb == "up", deadline_unix=deadline)
     notes = [f"run directory: {run_dir}",
              f"workers install {staged.wheel.name} and the {staging.LOCK_NAME} beside it "
              f"(uv {staging.UV_VERSION}, Python {staging.python_version()}), staged in "
@@ -157,7 +158,13 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
                      "enableExternalIps is false): they reach PyPI (uv, jax[tpu] and the "
                      "locked packages) only through Cloud NAT, and the bucket only with "
                      "Private Google Access, on their subnetwork")
-    return _Plan(create, launch_id, script, run_dir, staged, tuple(notes))
+    return _Plan(create, script, run_dir, staged, launch, tuple(notes))
+
+
+def _slice_address(spec: SliceSpec, command: Command) -> dict:
+    """How a worker names its own slice to delete it: `python launch/tpu.py down` flags."""
+    return {"name": spec.name, "zone": spec.zone, "project": spec.project,
+            "api_endpoint": command.api_endpoint or ""}
 
 
 def _run_or_up(api: TpuApi, command: Command, say: Say) -> int:
@@ -169,101 +176,33 @@ def _run_or_up(api: TpuApi, command: Command, say: Say) -> int:
         storage.probe_writable(plan.run_dir)
         plan.staged.upload()
     say(f"staged the code in {plan.staged.code_dir}")
-    return launch_on_slice(api, plan.create_request, plan.launch_id, plan.run_dir, say,
-                           wait_for_end=command.verb == "run", keep=command.keep)
+    plan.launch.save()
+    return follow(api, plan.launch, say, create=True, wait_for_end=command.verb == "run",
+                  detach=command.detach)
 
 
-def launch_on_slice(api: TpuApi, create_request, launch_id: str, run_dir: str, say: Say, *,
-                    wait_for_end: bool, keep: bool) -> int:
-    """Creates the slice, waits for it, and (when `wait_for_end`) for the run on it.
+def _spec_of(launch: Launch, spec: SliceSpec) -> SliceSpec:
+    """The slice a launch record creates: its project, zone and name."""
+    create = launch.create
+    parts = create.parent.split("/")  # projects/P/locations/Z
+    name = create.queued_resource_id if launch.queued else create.node_id
+    return dataclasses.replace(spec, project=parts[1], zone=parts[3], name=name,
+                               queued=launch.queued)
 
-    Deletes the slice afterwards when `wait_for_end`, and after any failure or
-    Ctrl-C, unless `keep`.
-    """
-    spec = api.spec
-    # From the moment the create is sent the slice may exist, even if the call is
-    # interrupted before its answer comes back.
-    might_exist = True
-    say(f"creating TPU {spec.name} ({spec.shape}) in {spec.zone} ...")
-    try:
-        try:
-            operation = create_slice(api, spec, create_request, launch_id)
-        except ApiError as error:
-            # A refused create made nothing, except one that kept failing with
-            # UNAVAILABLE, which the server may have carried out.
-            might_exist = error.maybe_applied
-            raise
-        node = wait_until_ready(api, spec, operation, say)
-        for line in describe_node(node) + where_to_look(spec, run_dir):
-            say(line)
-        if not wait_for_end:
-            say(f"TPU {spec.name} keeps running, and billing, until you run: {down_command(spec)}")
-            return 0
-        outcome = wait_for_run(api, spec, len(node.network_endpoints), say)
-        if not outcome.succeeded:
-            worker = outcome.first_failed()
-            raise RunFailed(f"the run failed on TPU {spec.name}: {outcome.failure()}; its log: "
-                            f"{logs.log_path(run_dir, worker)} ({logs_command(spec, worker)})")
-        say(f"the run finished on every worker of TPU {spec.name}")
-        _say_results(run_dir, spec, say)
-    except (PodracerError, KeyboardInterrupt) as error:
-        if not might_exist:
-            raise
-        raise _after_cleanup(api, spec, keep, say, error) from None
-    if keep:
-        say(f"kept TPU {spec.name} (--keep); delete it with: {down_command(spec)}")
+
+def _attach(api: TpuApi, command: Command, say: Say) -> int:
+    """Follows a run again, from its launch record: to its end, restarts included."""
+    launch = Launch.load(command.run_dir or _run_dir_of(api))
+    spec = dataclasses.replace(api.spec, queued=launch.queued)
+    api = TpuApi(api.client, spec, api.timing)
+    say(f"attached to the run in {launch.run_dir} on TPU {spec.name}"
+        + (f" ({len(launch.restarts)} restarts so far)" if launch.restarts else ""))
+    node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+    if node is None and logs.finished(launch.run_dir):
+        say(f"the run has finished and TPU {spec.name} is gone")
+        say_results(launch, spec, say)
         return 0
-    _, failed = _delete_and_describe(api, spec, say)
-    if failed:
-        raise PodracerError(f"the run finished, but {failed}")
-    return 0
-
-
-def _say_results(run_dir: str, spec: SliceSpec, say: Say) -> None:
-    """The run's result, read back from its bucket, and where everything is."""
-    summary_path = storage.join(run_dir, "summary.json")
-    try:
-        summary = json.loads(storage.read_text(summary_path)) if storage.exists(summary_path) else None
-    except (OSError, ValueError) as error:
-        say(f"cannot read {summary_path} ({type(error).__name__}); the run's files are in {run_dir}")
-        return
-    if summary is None:
-        say(f"no summary.json in {run_dir}; see the workers' logs: {logs_command(spec)}")
-        return
-    for line in [f"results in {run_dir}:", *describe_summary(summary),
-                 f"  plot:  python -m podracer.plot {run_dir}",
-                 f"  logs:  {logs_command(spec)} (or: python launch/tpu.py logs {run_dir})"]:
-        say(line)
-
-
-def _delete_and_describe(api: TpuApi, spec: SliceSpec, say: Say) -> tuple[str, str | None]:
-    """Deletes the slice: (what happened, or None) and (what went wrong, or None)."""
-    try:
-        deleted = delete_slice(api, spec, say)
-    except (PodracerError, KeyboardInterrupt) as error:
-        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else error
-        return "", (f"deleting TPU {spec.name} failed too ({reason}); delete it with: "
-                    f"{down_command(spec)}")
-    return (f"TPU {spec.name} deleted" if deleted else "no TPU was left behind"), None
-
-
-def _after_cleanup(api: TpuApi, spec: SliceSpec, keep: bool, say: Say,
-                   error: BaseException) -> PodracerError | Interrupted:
-    """Deletes the slice after `error` (unless `keep`); the error to report, one line.
-
-    A Ctrl-C is reported as `Interrupted` by SIGINT (exit status 130), as a
-    training run stopped by a signal is.
-    """
-    if keep:
-        outcome = f"TPU {spec.name} kept (--keep); delete it with: {down_command(spec)}"
-    else:
-        done, failed = _delete_and_describe(api, spec, say)
-        outcome = failed or done
-    if isinstance(error, KeyboardInterrupt):
-        return Interrupted(signal.SIGINT, f"interrupted; {outcome}")
-    reported = PodracerError(f"{error}; {outcome}")
-    reported.exit_code = error.exit_code
-    return reported
+    return follow(api, launch, say, create=False, wait_for_end=True)
 
 
 # -- status, down, list --------------------------------------------------------
@@ -282,9 +221,14 @@ def _status(api: TpuApi, say: Say) -> int:
         return 0
     for line in describe_node(node):
         say(line)
-    states = read_worker_states(api, spec, len(node.network_endpoints))
+    try:
+        states = read_worker_states(api, spec, len(node.network_endpoints))
+    except ApiError as error:  # the slice's state is worth showing without its workers'
+        say(f"  workers: unknown ({error})")
+        states = []
     run_dir = node.metadata.get(requests.RUN_DIR_KEY, "")
-    for line in describe_worker_table(node, states) + (where_to_look(spec, run_dir) if run_dir else []):
+    for line in ((describe_worker_table(node, states) if states else [])
+                 + (where_to_look(spec, run_dir) if run_dir else [])):
         say(line)
     return 0
 
@@ -311,14 +255,14 @@ def _down(api: TpuApi, say: Say) -> int:
     spec = api.spec
     node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
     if node is not None:
-        queued = bool(node.queued_resource)
-    else:
-        resource = api.send_or_none(requests.get_queued_resource_request(spec),
-                                    f"reading queued resource {spec.name}")
-        if resource is None:
-            raise _no_such_slice(spec)
-        queued = True
-    delete_slice(api, dataclasses.replace(spec, queued=queued), say)
+        # The node names the queued resource it came from, which may be named apart from it.
+        delete_slice(api, spec, say, queued_resource=node.queued_resource)
+        return 0
+    resource = api.send_or_none(requests.get_queued_resource_request(spec),
+                                f"reading queued resource {spec.name}")
+    if resource is None:
+        raise _no_such_slice(spec)
+    delete_slice(api, dataclasses.replace(spec, queued=True), say)
     return 0
 
 

@@ -44,6 +44,13 @@ class RunFailed(PodracerError):
     exit_code = 1
 
 
+class SliceLost(RunFailed):
+    """The slice went away under the run (preempted, deleted, unhealthy for good).
+
+    The run's checkpoint is in its bucket: a new slice resumes it (`--max-restarts`).
+    """
+
+
 def new_launch_id() -> str:
     """Marks the slices one invocation creates (a label value: lowercase, digits)."""
     return uuid.uuid4().hex[:16]
@@ -113,7 +120,7 @@ def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> tpu_v
         state = node.state if node is not None else NodeState.CREATING
         watch.show(state.name)
         if state in LOST_NODE_STATES:
-            raise RunFailed(f"TPU {spec.name} was {state.name} before it was ready; "
+            raise SliceLost(f"TPU {spec.name} was {state.name} before it was ready; "
                             "run again, or use --reserved or --queued for steadier capacity")
         if state == NodeState.READY and operation is None:
             return node
@@ -136,7 +143,7 @@ def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say, start: float) -> 
             raise RunFailed(f"queued resource {spec.name} failed: {reason}; try another --zone "
                             "or accelerator type")
         if state in LOST_QUEUED_STATES:
-            raise RunFailed(f"queued resource {spec.name} was {state.name} (preempted) "
+            raise SliceLost(f"queued resource {spec.name} was {state.name} (preempted) "
                             "before it was ready; run again")
         watch.check_deadline()
         time.sleep(api.timing.poll_interval)
@@ -175,33 +182,73 @@ class RunOutcome:
         return next((index for index, worker in enumerate(self.workers) if worker.failed), 0)
 
 
-def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say) -> RunOutcome:
+def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say,
+                 deadline: float | None = None) -> RunOutcome:
     """Waits until every worker has exited, or one has failed.
 
     One failed worker ends the wait: the others are blocked in collectives with
-    it and will not finish.
+    it and will not finish. Raises `SliceLost` when the slice is preempted,
+    deleted, or not READY for longer than `repair_timeout` (REPAIRING comes back
+    on its own). An API that cannot be reached, or credentials that cannot be
+    refreshed, never end the wait: the slice is training, and is left to; the
+    wait goes on, saying so, until `deadline` (a `time.monotonic()` value).
     """
-    watch = _Watch(say, "workers", api.timing.run_timeout, "the run was still going")
+    timing = api.timing
+    start = time.monotonic()
+    deadline = start + timing.run_timeout if deadline is None else deadline
+    watch = _Watch(say, "workers", deadline - start, "the run was still going", start)
+    unhealthy_since = None
+    outage_since = None
     while True:
-        node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+        try:
+            node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+            states = read_worker_states(api, spec, max(workers, 1)) if node is not None else []
+        except ApiError as error:
+            if not error.transient:
+                raise
+            if outage_since is None:
+                outage_since = time.monotonic()
+                say(f"cannot reach the Cloud TPU API ({error}); TPU {spec.name} is left "
+                    "running and the run goes on; retrying")
+            _check_deadline(watch, deadline)
+            time.sleep(timing.poll_interval)
+            continue
+        if outage_since is not None:
+            say(f"the Cloud TPU API answers again after {time.monotonic() - outage_since:.0f} s")
+            outage_since = None
         if node is None:
-            raise RunFailed(f"TPU {spec.name} was deleted while the run was going")
+            raise SliceLost(f"TPU {spec.name} was deleted while the run was going")
         if node.state in LOST_NODE_STATES:
-            raise RunFailed(f"TPU {spec.name} was {node.state.name} during the run; its "
-                            "workers stopped; run again with the same --run-dir to resume from "
-                            "its last checkpoint in the bucket")
-        states = read_worker_states(api, spec, max(workers, 1))
-        watch.show(describe_workers(states))
-        if any(state.failed for state in states) or all(state.finished for state in states):
-            return RunOutcome(tuple(states))
+            raise SliceLost(f"TPU {spec.name} was {node.state.name} during the run")
+        if node.state != NodeState.READY:
+            unhealthy_since = unhealthy_since or time.monotonic()
+            watch.show(f"TPU {node.state.name}")
+            if time.monotonic() - unhealthy_since > timing.repair_timeout:
+                raise SliceLost(f"TPU {spec.name} stayed {node.state.name} for "
+                                f"{timing.repair_timeout:g} s during the run")
+        else:
+            unhealthy_since = None
+            watch.show(describe_workers(states))
+            if any(state.failed for state in states) or all(state.finished for state in states):
+                return RunOutcome(tuple(states))
+        _check_deadline(watch, deadline)
+        time.sleep(timing.poll_interval)
+
+
+def _check_deadline(watch: _Watch, deadline: float) -> None:
+    if time.monotonic() > deadline:
         watch.check_deadline()
-        time.sleep(api.timing.poll_interval)
+        raise RunFailed("the run was still going at its --max-run-time")
 
 
-def delete_slice(api: TpuApi, spec: SliceSpec, say: Say) -> bool:
-    """Deletes the slice and waits until it is gone; False if there was none to delete."""
+def delete_slice(api: TpuApi, spec: SliceSpec, say: Say, queued_resource: str = "") -> bool:
+    """Deletes the slice (with the queued resource it came from) and waits until it is gone.
+
+    False if there was none to delete.
+    """
     say(f"deleting TPU {spec.name} ...")
-    operation = api.send_or_none(requests.delete_request(spec), f"deleting TPU {spec.name}")
+    operation = api.send_or_none(requests.delete_request(spec, queued_resource),
+                                 f"deleting TPU {spec.name}")
     if operation is None:
         say(f"TPU {spec.name} does not exist; nothing to delete")
         return False

@@ -113,6 +113,8 @@ class Timing:
     delete_timeout: float = 900.0
     retry_deadline: float = 120.0
     call_timeout: float = 60.0
+    # A slice REPAIRING (or otherwise not READY) mid-run this long is lost.
+    repair_timeout: float = 1800.0
 
     @property
     def retry_initial_delay(self) -> float:
@@ -140,3 +142,5 @@ class Command:
     run_dir: str | None = None  # `logs gs://BUCKET/PATH`: a run read without the API
     worker: int | None = None  # `logs --worker=I`; None: every worker
     follow: bool = False  # `logs --follow`
+    max_restarts: int = 0  # re-create a preempted or lost slice this many times
+    detach: bool = False  # leave once the run has started; `attach NAME` follows it again

@@ -1,9 +1,9 @@
 """The startup script every TPU worker runs, and the state it reports back.
 
-The script writes two files into the worker's home and runs the first with the
-VM's own `python3`: `worker.py` (the source of `podracer.provision.worker`,
-standard library only, since podracer is not installed yet) and
-`worker.json`, its configuration: where the run directory and the staged code
+The script writes three files into the worker's home and runs the first with
+the VM's own `python3`: `worker.py` and `worker_io.py` (the sources of
+`podracer.provision.worker` and `worker_io`, standard library only, since
+podracer is not installed yet) and `worker.json`, its configuration: where the run directory and the staged code
 are, the file names, the pinned `uv` and Python, and the training flags. The
 worker reports its progress through the guest attribute `podracer/state`,
 which the provisioner reads with `GetGuestAttributes`, and copies its log to
@@ -19,39 +19,51 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from podracer.provision import worker
+from podracer.provision import worker, worker_io
 
-GUEST_ATTRIBUTE_NAMESPACE, GUEST_ATTRIBUTE_KEY = worker.GUEST_ATTRIBUTE.split("/")
+GUEST_ATTRIBUTE_NAMESPACE, GUEST_ATTRIBUTE_KEY = worker_io.GUEST_ATTRIBUTE.split("/")
 WORKER_HOME = "/opt/podracer"
 _WORKER_DELIMITER = "PODRACER_WORKER_EOF"
+_WORKER_IO_DELIMITER = "PODRACER_WORKER_IO_EOF"
 _CONFIG_DELIMITER = "PODRACER_CONFIG_EOF"
 
 
 def worker_config(run_dir: str, code_dir: str, files: dict[str, str], training_flags,
-                  uv_version: str, python: str, log_interval_s: float = 10.0) -> dict:
-    """What `worker.py` reads: the run, the staged code, and the flags to train with."""
+                  uv_version: str, python: str, log_interval_s: float = 10.0,
+                  max_restarts: int = 0, deadline_unix: float | None = None,
+                  delete_when_done: dict | None = None) -> dict:
+    """What `worker.py` reads: the run, the staged code, and the flags to train with.
+
+    `max_restarts`: how often the workers start training again, together, from
+    the last checkpoint after it failed (a worker rebooted, a peer lost);
+    `deadline_unix`: when training is stopped (saving a checkpoint) whatever
+    its progress; `delete_when_done`: the slice worker 0 deletes once the run
+    has ended (`name`, `zone`, `project`, `api_endpoint`), or None.
+    """
     return {"run_dir": run_dir, "code_dir": code_dir, "files": dict(files),
             "uv_version": uv_version, "python": python,
-            "training_flags": list(training_flags), "log_interval_s": log_interval_s}
+            "training_flags": list(training_flags), "log_interval_s": log_interval_s,
+            "max_restarts": max_restarts, "deadline_unix": deadline_unix,
+            "delete_when_done": delete_when_done}
 
 
-def worker_source() -> str:
-    return Path(worker.__file__).read_text()
+def worker_source(module=worker) -> str:
+    source = Path(module.__file__).read_text()
+    return source if source.endswith("\n") else source + "\n"
 
 
 def make_startup_script(config: dict) -> str:
     """Bash that writes the worker program and its configuration, then runs it."""
-    source = worker_source()
-    if not source.endswith("\n"):
-        source += "\n"
     return f"""#!/bin/bash
 # podracer worker: install the code staged in the run's bucket, then train.
-# Progress: guest attribute {worker.GUEST_ATTRIBUTE} (installing, running,
+# Progress: guest attribute {worker_io.GUEST_ATTRIBUTE} (installing, running,
 # install-failed=CODE, exit=CODE); log: RUN_DIR/logs/worker-I.log.
 home="${{PODRACER_HOME:-{WORKER_HOME}}}"
 mkdir -p "$home" || exit 1
+cat >"$home/worker_io.py" <<'{_WORKER_IO_DELIMITER}'
+{worker_source(worker_io)}{_WORKER_IO_DELIMITER}
 cat >"$home/worker.py" <<'{_WORKER_DELIMITER}'
-{source}{_WORKER_DELIMITER}
+{worker_source(worker)}{_WORKER_DELIMITER}
 cat >"$home/worker.json" <<'{_CONFIG_DELIMITER}'
 {json.dumps(config, sort_keys=True)}
 {_CONFIG_DELIMITER}

@@ -13,12 +13,20 @@ On the worker it:
 2. downloads the staged wheel, lock and launcher from `RUN_DIR/code/`;
 3. installs them into a venv with `uv` (pinned), unless this very code is
    installed there already (a rebooted worker does not install again);
-4. runs the launcher with the training flags, `--run-dir=RUN_DIR`, and on a
-   slice of several workers `--coordinator`, `--num-processes`, `--process-id`;
+4. waits until every worker of the slice has installed (a barrier of objects in
+   the bucket, so install times may differ by any amount), then runs the
+   launcher with the training flags, `--run-dir=RUN_DIR`, and on a slice of
+   several workers `--coordinator`, `--num-processes`, `--process-id`; if
+   training fails (a worker rebooted, a peer was lost), every worker starts it
+   again together, from the last checkpoint, up to `max_restarts` times; at
+   `deadline_unix` training is stopped with SIGTERM (it saves a checkpoint);
 5. copies its log to `RUN_DIR/logs/worker-I.log` every `log_interval_s` seconds
    and at the end, with the exit status in `RUN_DIR/logs/worker-I.exit`;
 6. reports its phase as the guest attribute `podracer/state`: installing,
-   running, install-failed=CODE, exit=CODE.
+   running, restarting, install-failed=CODE, exit=CODE;
+7. on worker 0, once the run has ended and `delete_when_done` names the slice,
+   deletes it (`launch.py down`, with the service account's credentials) after
+   the other workers have left their exit status in the bucket.
 
 Endpoints are the clients' documented ones: the metadata server at
 `GCE_METADATA_HOST` (google-auth's variable; metadata.google.internal by
@@ -43,96 +51,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-GUEST_ATTRIBUTE = "podracer/state"
+if __package__:  # imported, as podracer.provision.worker
+    from podracer.provision.worker_io import Storage, metadata, publish_state
+else:  # run on the VM, where the startup script writes worker_io.py beside this file
+    from worker_io import Storage, metadata, publish_state  # type: ignore
+
 COORDINATOR_PORT = 8476  # the port jax.distributed uses on TPU slices
-HTTP_TIMEOUT_S = 60
-
-
-# -- endpoints -----------------------------------------------------------------
-
-
-def _metadata_root() -> str:
-    host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
-    return f"http://{host}/computeMetadata/v1/"
-
-
-def metadata(path: str, default: str | None = None, attempts: int = 8) -> str | None:
-    """A metadata value (`instance/attributes/agent-worker-number`), or `default` if absent.
-
-    Early in a boot the metadata server may not answer yet: connection errors and
-    5xx answers are retried, 1, 2, 4 ... s apart (about 4 minutes in all).
-    """
-    request = urllib.request.Request(_metadata_root() + path, headers={"Metadata-Flavor": "Google"})
-    for attempt in range(attempts):
-        try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer:
-                return answer.read().decode()
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return default
-            if error.code < 500 or attempt == attempts - 1:
-                raise
-        except (OSError, urllib.error.URLError):
-            if attempt == attempts - 1:
-                raise
-        time.sleep(2 ** attempt)
-    return default
-
-
-def publish_state(value: str) -> None:
-    """Sets the guest attribute the launcher reads; a metadata hiccup must not stop the run."""
-    request = urllib.request.Request(
-        _metadata_root() + "instance/guest-attributes/" + GUEST_ATTRIBUTE, data=value.encode(),
-        method="PUT", headers={"Metadata-Flavor": "Google"})
-    try:
-        urllib.request.urlopen(request, timeout=10).close()
-    except (OSError, urllib.error.URLError):
-        pass
-
-
-class Storage:
-    """Cloud Storage's JSON API with the worker's service-account token."""
-
-    def __init__(self):
-        self.base = os.environ.get("STORAGE_EMULATOR_HOST", "https://storage.googleapis.com")
-        if "://" not in self.base:
-            self.base = "http://" + self.base
-        self.base = self.base.rstrip("/")
-        self._token, self._expires = "", 0.0
-
-    def _authorization(self) -> dict:
-        if time.monotonic() > self._expires:
-            answer = json.loads(metadata("instance/service-accounts/default/token") or "{}")
-            self._token = answer.get("access_token", "")
-            self._expires = time.monotonic() + max(0, int(answer.get("expires_in", 0)) - 60)
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
-
-    @staticmethod
-    def split(url: str) -> tuple[str, str]:
-        bucket, _, name = url[len("gs://"):].partition("/")
-        return bucket, name
-
-    def download(self, url: str, path: str) -> None:
-        bucket, name = self.split(url)
-        request = urllib.request.Request(
-            f"{self.base}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media",
-            headers=self._authorization())
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as answer, \
-                open(path + ".part", "wb") as out:
-            while True:
-                chunk = answer.read(1 << 20)
-                if not chunk:
-                    break
-                out.write(chunk)
-        os.replace(path + ".part", path)
-
-    def upload(self, data: bytes, url: str) -> None:
-        bucket, name = self.split(url)
-        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
-        request = urllib.request.Request(
-            f"{self.base}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST",
-            headers={**self._authorization(), "Content-Type": "application/octet-stream"})
-        urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S).close()
 
 
 # -- the worker ----------------------------------------------------------------
@@ -152,6 +76,8 @@ class Worker:
         self.code = os.path.join(home, "code")
         self.venv = os.path.join(home, "venv")
         self._stop_copying = threading.Event()
+        self._stopped = False  # by a signal to this worker, or by the deadline
+        self._out_of_time = False
 
     def say(self, line: str) -> None:
         with open(self.log_path, "a") as log:
@@ -229,21 +155,108 @@ class Worker:
                         f"--num-processes={len(self.peers)}", f"--process-id={self.index}"]
         return command
 
+    # The barrier ------------------------------------------------------------
+
+    def _barrier_url(self, attempt: int) -> str:
+        launch = metadata("instance/attributes/podracer-launch", "launch") or "launch"
+        return f"{self.config['run_dir']}/barrier/{launch}/{attempt}/"
+
+    def first_attempt(self) -> int:
+        """0, or after a reboot mid-run one more than the last attempt this worker joined."""
+        names = self.storage.list(self._barrier_url(0).rsplit("/", 2)[0] + "/")
+        mine = [int(name.split("/")[0]) for name in names
+                if name.endswith(f"/worker-{self.index}") and name.split("/")[0].isdigit()]
+        return max(mine) + 1 if mine else 0
+
+    def barrier(self, attempt: int) -> bool:
+        """Waits until every worker has reached `attempt`; False after `barrier_timeout_s`."""
+        url = self._barrier_url(attempt)
+        self.storage.upload(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()).encode(),
+                            f"{url}worker-{self.index}")
+        workers = max(1, len(self.peers))
+        deadline = time.monotonic() + float(self.config.get("barrier_timeout_s", 1800))
+        while time.monotonic() < deadline:
+            if len(self.storage.list(url)) >= workers:
+                return True
+            time.sleep(2)
+        self.say(f"not every worker of {workers} reached attempt {attempt} in time")
+        return False
+
+    # Train ------------------------------------------------------------------
+
     def train(self, files: dict) -> int:
+        """Trains; on a failure, again from the last checkpoint with every worker, while allowed."""
+        attempt = self.first_attempt()
+        restarts = int(self.config.get("max_restarts", 0))
+        while True:
+            if not self.barrier(attempt):
+                return 1
+            status = self._train_once(files)
+            if status == 0 or self._stopped or attempt >= restarts:
+                return status
+            attempt += 1
+            self.say(f"training exited with status {status}; starting it again from the last "
+                     f"checkpoint with every worker (attempt {attempt} of {restarts})")
+            publish_state("restarting")
+
+    def _train_once(self, files: dict) -> int:
         run_dir = os.path.join(self.home, "run")
         os.makedirs(run_dir, exist_ok=True)
         command = self.training_command(files)
         self.say("$ " + " ".join(command))
+        publish_state("running")
         with open(self.log_path, "a") as log:
             child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir)
 
-        def forward(signum, _frame):  # a preempted or stopped VM: let training save and exit
+        def stop(signum, _frame):  # a preempted or stopped VM: let training save and exit
+            self._stopped = True
             if child.poll() is None:
                 child.send_signal(signum)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, forward)
-        return child.wait()
+            signal.signal(signum, stop)
+        deadline = self.config.get("deadline_unix")
+        timer = None
+        if deadline:
+            def out_of_time():
+                self.say("--max-run-time reached: stopping training (it saves a checkpoint)")
+                self._out_of_time = True
+                stop(signal.SIGTERM, None)
+            timer = threading.Timer(max(0.0, float(deadline) - time.time()), out_of_time)
+            timer.daemon = True
+            timer.start()
+        try:
+            return child.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    # The end ----------------------------------------------------------------
+
+    def delete_slice(self) -> None:
+        """Worker 0 deletes its own slice once every worker has left its exit status."""
+        address = self.config.get("delete_when_done")
+        if not address or self.index != 0:
+            return
+        logs = f"{self.config['run_dir']}/logs/"
+        workers = max(1, len(self.peers))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                ended = [name for name in self.storage.list(logs) if name.endswith(".exit")]
+            except (OSError, urllib.error.URLError):
+                ended = []
+            if len(ended) >= workers:
+                break
+            time.sleep(2)
+        command = [os.path.join(self.venv, "bin", "python"), "-m", "podracer.provision.cli",
+                   "down", address["name"], f"--zone={address['zone']}",
+                   f"--project={address['project']}"]
+        if address.get("api_endpoint"):
+            command.append(f"--api-endpoint={address['api_endpoint']}")
+        self.say("the run has ended: deleting this slice")
+        self.copy_log()
+        self._run(command)
 
     def main(self) -> int:
         exit_file = os.path.join(self.home, "exit_code")
@@ -266,10 +279,18 @@ class Worker:
             status = self.install(files)
             if status != 0:
                 return self._finish(exit_file, "install-failed", status)
-            publish_state("running")
             status = self.train(files)
             self.say(f"training exited with status {status}")
-            return self._finish(exit_file, "exit", status)
+            if self._stopped and not self._out_of_time:
+                # The VM is going down (a reboot, a preemption): training saved and stopped,
+                # it did not end. No exit status is kept, so the next boot of this disk resumes.
+                publish_state("stopping")
+                return status
+            status = self._finish(exit_file, "exit", status)
+            # A finished run, or one out of time; not one stopped by a reboot or a preemption.
+            if status == 0 or self._out_of_time:
+                self.delete_slice()
+            return status
         finally:
             self._stop_copying.set()
             self.copy_log()

@@ -13,7 +13,10 @@ A run's outputs take either kind of directory without special cases:
   `metrics.jsonl`: Cloud Storage objects cannot be appended to): `Staging`
   writes them into a local directory and `sync()` copies what changed to the
   run directory. For a local run directory the staging directory is the run
-  directory itself and `sync()` does nothing.
+  directory itself and `sync()` does nothing;
+- whole directories that libraries read or write only on a local disk (RLDS
+  datasets: array_record files): `upload_tree` after writing them locally,
+  `downloaded` (a temporary local copy) before reading them.
 
 Credentials and endpoints are those of the libraries (Application Default
 Credentials; `STORAGE_EMULATOR_HOST` and `TENSORSTORE_GCS_HTTP_URL` where the
@@ -22,13 +25,14 @@ libraries document them); nothing here chooses either.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import shutil
 import tempfile
 import threading
 import uuid
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from podracer.errors import PodracerError
 
@@ -129,10 +133,11 @@ def write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def probe_writable(run_dir: str) -> None:
-    """Create `run_dir` (locally, with parents) and prove it can be written; one-line error if not.
+def probe_writable(run_dir: str, flag: str = "--run-dir") -> None:
+    """Create `run_dir` (locally, with parents) and prove it can be written; one-line error
+    (naming the option `flag` that gave it) if not.
 
-    Cloud Storage has no directories: a `gs://` run directory is proved by
+    Cloud Storage has no directories: a `gs://` directory is proved by
     writing and deleting an object in it, which also proves the bucket exists
     (nothing creates buckets).
     """
@@ -144,7 +149,7 @@ def probe_writable(run_dir: str) -> None:
                 pass
             os.remove(probe)
         except OSError as err:
-            raise PodracerError(f"cannot write to --run-dir={run_dir} ({err.strerror}); "
+            raise PodracerError(f"cannot write to {flag}={run_dir} ({err.strerror}); "
                                 f"pass a directory you can write to") from None
         return
     target = _path(probe)
@@ -152,17 +157,80 @@ def probe_writable(run_dir: str) -> None:
         target.write_text("")
         target.unlink()
     except Exception as err:  # noqa: BLE001 - gcsfs raises OSError subclasses and HTTP errors
-        reason = ("no such bucket" if isinstance(err, FileNotFoundError) else
-                  "permission denied" if isinstance(err, PermissionError) else
-                  f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}")
-        raise PodracerError(f"cannot write to --run-dir={run_dir} ({reason}); pass a bucket and "
+        raise PodracerError(f"cannot write to {flag}={run_dir} ({failure(err)}); pass a bucket and "
                             f"path you can write to (and check your Google Cloud credentials)") from None
+
+
+def failure(err: BaseException) -> str:
+    """What went wrong in a Cloud Storage call, in a few words (gcsfs raises OSError subclasses
+    and HTTP errors whose text is often a URL)."""
+    if isinstance(err, FileNotFoundError):
+        return "no such bucket"
+    if isinstance(err, PermissionError):
+        return "permission denied"
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
 
 
 def upload(local: str, remote: str) -> None:
     """Copy the local file `local` to `remote` (a URL), replacing it."""
     with open(local, "rb") as src, _path(remote).open("wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def glob(base: str, pattern: str) -> list[str]:
+    """The paths under the directory `base` that match `pattern` (`*/name`), sorted."""
+    found = (os.fspath(match) for match in _fresh(base).glob(pattern))
+    if is_remote(base):  # gcsfs gives bucket/path: put the scheme back
+        found = (match if is_remote(match) else REMOTE_SCHEME + match for match in found)
+    return sorted(found)
+
+
+def upload_tree(local: str, remote: str, last: Iterable[str] = ()) -> int:
+    """Copy every file under the local directory `local` to the same relative path under
+    `remote` (a URL); returns the count.
+
+    Files named in `last` go after all others, so that a reader that looks for
+    them (a dataset's `dataset_info.json`) never finds a copy cut short.
+    """
+    last = set(last)
+    files = _files_under(local, ".")
+    files.sort(key=lambda relative: os.path.basename(relative) in last)
+    for relative in files:
+        upload(os.path.join(local, relative),
+               join(remote, *os.path.normpath(relative).split(os.sep)))
+    return len(files)
+
+
+def download_tree(remote: str, local: str) -> int:
+    """Copy every object under `remote` (a URL) to the same relative path under the local
+    directory `local`; returns the count."""
+    count = 0
+    for child in _fresh(remote).iterdir():
+        target = os.path.join(local, child.name)
+        if child.is_dir():
+            count += download_tree(join(remote, child.name), target)
+            continue
+        os.makedirs(local, exist_ok=True)
+        with child.open("rb") as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        count += 1
+    return count
+
+
+@contextlib.contextmanager
+def downloaded(path: str, prefix: str = "podracer-download-") -> Iterator[str]:
+    """A local directory holding what is under the directory `path`: `path` itself when it
+    is local; for a URL a temporary copy (in `tempfile`'s directory: `TMPDIR`),
+    removed when the block ends."""
+    if not is_remote(path):
+        yield path
+        return
+    local = tempfile.mkdtemp(prefix=prefix)
+    try:
+        download_tree(path, local)
+        yield local
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 class Staging:
