@@ -71,7 +71,7 @@ def offline_install(tmp_path_factory):
     from podracer.provision import staging
 
     # With bytecode: a worker imports jax in seconds, not the tens of seconds compiling takes.
-    wheels = build_wheelhouse([*staging.lock(staging.WORKER_EXTRAS), f"uv=={staging.UV_VERSION}"],
+    wheels = build_wheelhouse([*staging.lock((*staging.WORKER_EXTRAS, "tpu")), f"uv=={staging.UV_VERSION}"],
                               exclude=["podracer-rl", "libtpu"], bytecode=True)
     # One uv cache for every worker, beside the wheelhouse it unpacks (and as lasting), as
     # fresh machines' would not be: an install takes seconds, not a minute.

@@ -30,6 +30,8 @@ What a test scripts, all of it thread-safe (run it from a thread, or with
 - `preempt(node)`: SIGTERM every worker (a preemption's ACPI shutdown), SIGKILL
   after `grace_s`; the node is PREEMPTED (its queued resource SUSPENDED) and
   stays listed until deleted;
+- `pause(node)`: freeze every worker (SIGSTOP) where it is; a later preemption,
+  reboot or delete wakes it with its SIGTERM, `resume(node)` as it was;
 - `reboot(node, worker)`: stop that worker's process group the same way, then run
   its startup script again on the same disk with the same metadata server;
 - `set_state(node, state)`: the node's state from now on (REPAIRING, READY, ...);
@@ -54,7 +56,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -136,6 +138,7 @@ class _Worker:
             return
         group = self.process.pid
         _signal_group(group, signal.SIGTERM)
+        _signal_group(group, signal.SIGCONT)  # a paused worker takes its SIGTERM as it wakes
         deadline = time.monotonic() + grace_s
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -173,6 +176,8 @@ class _Node:
     name: str
     workers: list[_Worker]
     disk: Path
+    deleting: bool = False  # a delete has started (the launcher's and the workers' may race)
+    gone: threading.Event = field(default_factory=threading.Event)
 
 
 class EmulatedPod:
@@ -240,9 +245,13 @@ class EmulatedPod:
             else:
                 del service.nodes[name]
 
-        def delete(node: _Node) -> None:
-            self._stop_workers(node.workers, self.delete_grace_s)
-            self._discard(node)
+        def delete(node: _Node, first: bool) -> None:
+            if first:
+                self._stop_workers(node.workers, self.delete_grace_s)
+                self._discard(node)
+                node.gone.set()
+            elif not node.gone.wait(timeout=120):  # a second delete ends with the first
+                raise AssertionError(f"{node.name} was not deleted in 120 s")
             with service._lock:
                 service.nodes.pop(node.name, None)
                 pending.discard(node.name)
@@ -252,7 +261,9 @@ class EmulatedPod:
         if not pending:
             then()
         for name in list(pending):
-            self._background(lambda node=self._nodes[name]: delete(node), f"deleting {name}")
+            node = self._nodes[name]
+            first, node.deleting = not node.deleting, True
+            self._background(lambda node=node, first=first: delete(node, first), f"deleting {name}")
         return lambda: not pending
 
     # -- scripting ---------------------------------------------------------------
@@ -271,6 +282,19 @@ class EmulatedPod:
             if queued is not None:
                 queued.script = []
                 queued.set_state(tpu_v2.QueuedResourceState.State.SUSPENDED)
+
+    def pause(self, node: str) -> None:
+        """Freezes every worker of the node (SIGSTOP) until it is stopped: the run cannot
+        get further than it is, whatever the test does next."""
+        for worker in self._node(node).workers:
+            if worker.alive():
+                _signal_group(worker.process.pid, signal.SIGSTOP)
+
+    def resume(self, node: str) -> None:
+        """Wakes the node's paused workers (SIGCONT)."""
+        for worker in self._node(node).workers:
+            if worker.alive():
+                _signal_group(worker.process.pid, signal.SIGCONT)
 
     def reboot(self, node: str, worker: int, grace_s: float | None = None) -> None:
         """Worker `worker` shuts down (as `preempt`) and boots again: same disk, same metadata."""

@@ -3,80 +3,308 @@ server, whose nodes' workers boot for real on this machine (tests/emulated_pod.p
 each runs the startup script the launcher sent, installs the staged code offline,
 and trains as one process of a `jax.distributed` run on 127.0.0.1, into the
 emulated bucket.
+
+Each test is named for what it proves: a slice that trains to its end (the
+reference the others compare with), `preempt`, `reboot`, `attach` after the
+launcher is killed, `detach` through an API outage longer than the launcher's
+retry deadline.
 """
 
-import json
-import shutil
+from __future__ import annotations
 
+import contextlib
+import io
+import json
+import re
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
 
+import jax  # noqa: E402
 from emulated_pod import EmulatedPod, worker_environment  # noqa: E402
 from tpu_server import FakeTpuService, TpuServer  # noqa: E402
 
+from podracer.policy import read_run  # noqa: E402
 from podracer.provision import api_requests  # noqa: E402
 from podracer.provision.cli import main  # noqa: E402
+from podracer.session.checkpoint import checkpoint_steps  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 BUCKET = "gs://podracer-runs"
-NAME, ZONE = "pod", "us-central2-b"
-STEPS = 4096
+NAME, ZONE, PROJECT = "pod", "us-central2-b", "proj"
+STEPS, CHECKPOINT_EVERY = 8192, 2048
 TRAINING = ["--arch=anakin", "--algo=ppo", "--env=CartPole-v1", f"--total-steps={STEPS}",
-            "--num-envs=8", "--rollout-len=64", "--checkpoint-every=2048"]
+            "--num-envs=8", "--rollout-len=64", "--updates-per-call=1",
+            f"--checkpoint-every={CHECKPOINT_EVERY}"]
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None,
                                 reason="needs bash and git")
 
 
+@dataclass
+class Outcome:
+    status: int
+    out: str
+    err: str
+    run_dir: str
+
+
+@pytest.fixture(scope="module")
+def emulated_pod(offline_install, gcs_bucket, tmp_path_factory):
+    """A factory of (pod, server) pairs: a test TPU API whose slices have 2 workers (a
+    v4-16), booted here; each pair's pod is closed, its nothing-left checked, at the end."""
+    opened = []
+
+    def open_pod():
+        service = FakeTpuService(workers=2)
+        pod = EmulatedPod(service, tmp_path_factory.mktemp("pod"), worker_environment(offline_install))
+        server = TpuServer(service)
+        pod.__enter__()
+        server.__enter__()
+        opened.append((pod, server))
+        return pod, server
+
+    yield open_pod
+    for pod, server in opened:
+        server.__exit__(None, None, None)
+        pod.close()
+
+
 @pytest.fixture
-def pod(offline_install, gcs_bucket, tmp_path):
-    """A test TPU API whose slices have 2 workers (a v4-16), booted here: (pod, server)."""
-    service = FakeTpuService(workers=2)
-    with EmulatedPod(service, tmp_path, worker_environment(offline_install)) as emulated, \
-            TpuServer(service) as server:
-        yield emulated, server
+def pod(emulated_pod):
+    return emulated_pod()
 
 
-def _launch(server, *argv) -> int:
-    return main([*argv, f"--tpu={NAME}", f"--zone={ZONE}", "--project=proj",
-                 "--accelerator-type=v4-16", f"--bucket={BUCKET}",
-                 f"--api-endpoint={server.endpoint}", "--poll-interval=0.5",
-                 "--run-timeout=400", *TRAINING])
+def _flags(server) -> list[str]:
+    return [f"--zone={ZONE}", f"--project={PROJECT}", f"--api-endpoint={server.endpoint}",
+            "--poll-interval=0.5"]
+
+
+def _run_argv(server, *argv) -> list[str]:
+    return [*argv, f"--tpu={NAME}", *_flags(server), "--accelerator-type=v4-16",
+            f"--bucket={BUCKET}", "--max-run-time=400", *TRAINING]
+
+
+def _launch(server, capsys, *argv) -> Outcome:
+    status = main(_run_argv(server, *argv))
+    out, err = capsys.readouterr()
+    run_dir = _run_dir(server.service) or ""
+    return Outcome(status, out, err, run_dir)
+
+
+def _attach(server, capsys, target: str = NAME) -> Outcome:
+    status = main(["attach", target, *_flags(server)])
+    out, err = capsys.readouterr()
+    return Outcome(status, out, err, _run_dir(server.service) or "")
+
+
+def _run_dir(service) -> str | None:
+    creates = service.requests_of("CreateNode")
+    return creates[0].node.metadata[api_requests.RUN_DIR_KEY] if creates else None
 
 
 def _bucket_text(bucket, run_dir: str, name: str) -> str:
     return bucket.blob(f"{run_dir.removeprefix(BUCKET + '/')}/{name}").download_as_text()
 
 
-def _logs(bucket, run_dir: str, workers: int) -> str:
-    """Every worker's log from the bucket, for a failure's message."""
-    texts = []
-    for index in range(workers):
+def _explain(outcome: Outcome, pod, bucket) -> str:
+    """The launcher's output, every worker's log in the bucket and every console: a failure's message."""
+    texts = [outcome.out, outcome.err]
+    for index in range(2):
         try:
-            texts.append(_bucket_text(bucket, run_dir, f"logs/worker-{index}.log")[-3000:])
+            texts.append(_bucket_text(bucket, outcome.run_dir, f"logs/worker-{index}.log")[-3000:])
         except Exception as error:  # noqa: BLE001 - a message, not a check
             texts.append(f"(no log for worker {index}: {error!r})")
+    texts.append(pod.consoles())
     return "\n".join(texts)
 
 
-def test_a_two_worker_slice_trains_to_its_summary_and_leaves_nothing_running(
+def _assert_finished(outcome: Outcome, pod, bucket) -> dict:
+    """The run ended well: its summary (read back from the bucket), every worker's exit 0."""
+    assert outcome.status == 0, _explain(outcome, pod, bucket)
+    summary = json.loads(_bucket_text(bucket, outcome.run_dir, "summary.json"))
+    assert summary["env_steps"] == STEPS and summary["processes"] == 2
+    for index in range(2):
+        assert _bucket_text(bucket, outcome.run_dir, f"logs/worker-{index}.exit") == "0"
+    return summary
+
+
+def _final_state(run_dir: str) -> list[np.ndarray]:
+    """Every leaf of the run's last checkpoint (parameters, optimizer, environments, key)."""
+    assert checkpoint_steps(run_dir)[-1] == STEPS
+    _, state = read_run(run_dir)
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
+
+
+def _has_checkpoint(service) -> bool:
+    run_dir = _run_dir(service)
+    return bool(run_dir and checkpoint_steps(run_dir))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(emulated_pod, gcs_bucket):
+    """One run of TRAINING on a 2-worker slice, undisturbed: (outcome, pod, final state)."""
+    pod, server = emulated_pod()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(_run_argv(server))
+    outcome = Outcome(status, out.getvalue(), err.getvalue(), _run_dir(server.service) or "")
+    _assert_finished(outcome, pod, gcs_bucket)
+    return outcome, pod, _final_state(outcome.run_dir)
+
+
+def test_a_two_worker_slice_trains_to_its_summary_then_is_deleted_and_nothing_is_left(
+        uninterrupted, gcs_bucket):
+    outcome, pod, _ = uninterrupted
+
+    summary = json.loads(_bucket_text(gcs_bucket, outcome.run_dir, "summary.json"))
+    assert summary["config"]["run"]["run_dir"] == outcome.run_dir
+    assert "slice_restarts" not in summary  # written where the slice was restarted
+    # The launcher read the summary back from the bucket, then deleted the slice.
+    assert f"results in {outcome.run_dir}:" in outcome.out
+    assert f"{STEPS:,} env steps" in outcome.out and "over 2 processes" in outcome.out
+    assert f"deleted TPU {NAME}" in outcome.out
+    pod.assert_nothing_left()
+
+
+def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_parameters(
+        pod, uninterrupted, gcs_bucket, capsys):
+    emulated, server = pod
+    _, _, reference = uninterrupted
+    preempted = []
+
+    def preempt():  # frozen at its first checkpoint, so it cannot finish first; then preempted
+        emulated.pause(NAME)
+        preempted.append(checkpoint_steps(_run_dir(server.service)))
+        emulated.preempt(NAME)
+
+    emulated.when(lambda: _has_checkpoint(server.service), preempt)
+    outcome = _launch(server, capsys, "--spot", "--max-restarts=1")
+
+    summary = _assert_finished(outcome, emulated, gcs_bucket)
+    assert preempted and preempted[0][-1] < STEPS, preempted
+    assert [restart["reason"] for restart in summary["slice_restarts"]] == [
+        f"TPU {NAME} was PREEMPTED during the run"]
+    assert len(server.service.requests_of("CreateNode")) == 2
+    assert f"TPU {NAME} was PREEMPTED during the run; restart 1 of 1" in outcome.out, outcome.out
+    launch = json.loads(_bucket_text(gcs_bucket, outcome.run_dir, "launch.json"))
+    assert len(launch["restarts"]) == 1
+    # The second slice's workers resumed from the bucket's checkpoint, not from step 0 ...
+    log = _bucket_text(gcs_bucket, outcome.run_dir, "logs/worker-0.log")
+    resumed = re.search(r"from env step ([\d,]+)", log)
+    assert resumed and 0 < int(resumed[1].replace(",", "")) < STEPS, log[-2000:]
+    # ... and trained to the very parameters (optimizer, environments, key) of an
+    # uninterrupted run: resuming lost nothing and repeated nothing.
+    final = _final_state(outcome.run_dir)
+    assert len(final) == len(reference)
+    for got, want in zip(final, reference):
+        np.testing.assert_array_equal(got, want)
+    emulated.assert_nothing_left()
+
+
+def test_reboot_of_one_worker_runs_its_startup_script_again_and_the_run_finishes(
+        pod, uninterrupted, gcs_bucket, capsys):
+    emulated, server = pod
+    _, _, reference = uninterrupted
+    rebooted = []
+
+    def reboot():
+        emulated.pause(NAME)
+        rebooted.append(checkpoint_steps(_run_dir(server.service)))
+        emulated.reboot(NAME, 1)
+
+    emulated.when(lambda: _has_checkpoint(server.service), reboot)
+    outcome = _launch(server, capsys, "--max-restarts=1")
+
+    _assert_finished(outcome, emulated, gcs_bucket)
+    assert rebooted and rebooted[0][-1] < STEPS, rebooted
+    # The same slice finished the run: nothing was created again.
+    assert len(server.service.requests_of("CreateNode")) == 1
+    console = emulated.consoles()
+    assert "--- boot 2 ---" in console
+    # The rebooted worker did not install again (its disk has the code), and every
+    # worker started training again together from the checkpoint.
+    log = _bucket_text(gcs_bucket, outcome.run_dir, "logs/worker-1.log")
+    second_boot = log.rsplit("worker 1 of 2", 1)[1]
+    assert "uv pip install" not in second_boot, second_boot
+    final = _final_state(outcome.run_dir)
+    for got, want in zip(final, reference):
+        np.testing.assert_array_equal(got, want)
+    emulated.assert_nothing_left()
+
+
+def _launcher_process(server, *argv) -> subprocess.Popen:
+    """`python launch/tpu.py ...` as a user runs it, in its own process."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, str(REPO / "launch" / "tpu.py"), *_run_argv(server, *argv)]
+    return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _guest_reads(service) -> int:
+    return len(service.requests_of("GetGuestAttributes"))
+
+
+def test_attach_follows_a_run_whose_launcher_was_killed_to_its_end(pod, gcs_bucket, capsys):
+    emulated, server = pod
+    launcher = _launcher_process(server)
+    try:
+        emulated.wait_for_phase(NAME, 0, "running", timeout=240)
+        emulated.wait_for_phase(NAME, 1, "running", timeout=240)
+        emulated.pause(NAME)  # the run cannot end before `attach` is following it
+    finally:
+        launcher.send_signal(signal.SIGKILL)  # the launcher dies without a word
+        output = launcher.communicate(timeout=30)[0]
+    assert launcher.returncode == -signal.SIGKILL, output
+    assert list(server.service.nodes) and "DeleteNode" not in server.service.methods_called()
+    reads = _guest_reads(server.service)
+    emulated.when(lambda: _guest_reads(server.service) > reads, lambda: emulated.resume(NAME))
+
+    outcome = _attach(server, capsys)
+
+    _assert_finished(outcome, emulated, gcs_bucket)
+    assert f"attached to the run in {outcome.run_dir}" in outcome.out
+    assert f"the run finished on every worker of TPU {NAME}" in outcome.out
+    emulated.assert_nothing_left()
+
+
+def test_detach_leaves_the_slice_training_and_attach_waits_out_an_api_outage(
         pod, gcs_bucket, capsys):
     emulated, server = pod
+    retry_deadline = 2.0
 
-    status = _launch(server)
+    outcome = _launch(server, capsys, "--detach", f"--retry-deadline={retry_deadline}")
 
+    assert (outcome.status, outcome.err) == (0, ""), outcome.out
+    assert f"detached: TPU {NAME} trains on" in outcome.out
+    assert list(server.service.nodes) and "DeleteNode" not in server.service.methods_called()
+    emulated.wait_for_phase(NAME, 0, "running", timeout=240)
+    emulated.wait_for_phase(NAME, 1, "running", timeout=240)
+    emulated.pause(NAME)
+
+    # Once `attach` follows the run, the API answers UNAVAILABLE to everyone for
+    # four times the retry deadline (the old launcher deleted a slice after 120 s of
+    # that, its deadline then); the workers train on through it.
+    def outage():
+        server.service.outage(4 * retry_deadline)
+        emulated.resume(NAME)
+
+    reads = _guest_reads(server.service)
+    emulated.when(lambda: _guest_reads(server.service) > reads, outage)
+    status = main(["attach", NAME, *_flags(server), f"--retry-deadline={retry_deadline}"])
     out, err = capsys.readouterr()
-    (create,) = emulated.service.requests_of("CreateNode")
-    run_dir = create.node.metadata[api_requests.RUN_DIR_KEY]
-    if status != 0:
-        print(out, err, _logs(gcs_bucket, run_dir, 2), emulated.consoles(), sep="\n")
-    assert status == 0, err
-    summary = json.loads(_bucket_text(gcs_bucket, run_dir, "summary.json"))
-    assert summary["env_steps"] == STEPS and summary["processes"] == 2
-    assert summary["config"]["run"]["run_dir"] == run_dir
-    for index in range(2):
-        assert _bucket_text(gcs_bucket, run_dir, f"logs/worker-{index}.exit") == "0"
-    # The launcher read the summary back from the bucket, then deleted the slice.
-    assert f"results in {run_dir}:" in out
-    assert f"{STEPS:,} env steps" in out and "over 2 processes" in out
-    assert f"deleted TPU {NAME}" in out
+    attached = Outcome(status, out, err, outcome.run_dir)
+
+    # The run finished on the slice that was never deleted under it; then it was.
+    _assert_finished(attached, emulated, gcs_bucket)
+    assert "cannot reach the Cloud TPU API" in out and "the Cloud TPU API answers again" in out
+    assert len(server.service.requests_of("CreateNode")) == 1
     emulated.assert_nothing_left()

@@ -29,6 +29,7 @@ published, and deleting the node stops them.
 from __future__ import annotations
 
 import itertools
+import time
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ class FakeTpuService:
         self._failures: dict[str, list[_Failure]] = {}
         self._hooks: dict[str, Callable[[], None]] = {}
         self._guest_calls = 0
+        self._outage_until, self._outage_code = 0.0, grpc.StatusCode.UNAVAILABLE
         self.pod = None  # set by an EmulatedPod, which boots the nodes' workers
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -112,6 +114,12 @@ class FakeTpuService:
              message: str = "injected failure", after_effect: bool = False) -> None:
         self._failures.setdefault(method, []).append(
             _Failure(code, times, message, after_effect))
+
+    def outage(self, seconds: float, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        """Every call, of every method, fails with `code` for the next `seconds`."""
+        with self._lock:
+            self._outage_until = time.monotonic() + seconds
+            self._outage_code = code
 
     def on_call(self, method: str, hook: Callable[[], None], after_effect: bool = False) -> None:
         self._hooks[method] = (hook, after_effect)
@@ -131,6 +139,9 @@ class FakeTpuService:
             self.requests.append((method, request))
             hook, hook_after_effect = self._hooks.get(method, (None, False))
             failure = self._take_failure(method)
+            down = time.monotonic() < self._outage_until
+        if down:
+            context.abort(self._outage_code, "the service is unavailable (an outage)")
         if hook is not None and not hook_after_effect:
             hook()
         if failure is not None and not failure.after_effect:
