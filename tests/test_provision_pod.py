@@ -220,6 +220,7 @@ def test_reboot_of_one_worker_runs_its_startup_script_again_and_the_run_finishes
         emulated.pause(NAME)
         rebooted.append(checkpoint_steps(_run_dir(server.service)))
         emulated.reboot(NAME, 1)
+        emulated.resume(NAME)  # worker 0 trains on, waiting for its lost peer
 
     emulated.when(lambda: _has_checkpoint(server.service), reboot)
     outcome = _launch(server, capsys, "--max-restarts=1")

@@ -18,7 +18,9 @@ On the worker it:
    launcher with the training flags, `--run-dir=RUN_DIR`, and on a slice of
    several workers `--coordinator`, `--num-processes`, `--process-id`; if
    training fails (a worker rebooted, a peer was lost), every worker starts it
-   again together, from the last checkpoint, up to `max_restarts` times; at
+   again together, from the last checkpoint, up to `max_restarts` times (a worker
+   that sees another at a later attempt's barrier stops its own training, which
+   waits on a lost peer, and joins it); at
    `deadline_unix` training is stopped with SIGTERM (it saves a checkpoint);
 5. copies its log to `RUN_DIR/logs/worker-I.log` every `log_interval_s` seconds
    and at the end, with the exit status in `RUN_DIR/logs/worker-I.exit`;
@@ -191,7 +193,7 @@ class Worker:
         while True:
             if not self.barrier(attempt):
                 return 1
-            status = self._train_once(files)
+            status = self._train_once(files, attempt)
             if status == 0 or self._stopped or attempt >= restarts:
                 return status
             attempt += 1
@@ -199,7 +201,15 @@ class Worker:
                      f"checkpoint with every worker (attempt {attempt} of {restarts})")
             publish_state("restarting")
 
-    def _train_once(self, files: dict) -> int:
+    def _peer_started_again(self, attempt: int) -> bool:
+        """Whether a worker has reached the barrier of a later attempt: it booted again (a
+        reboot) or its training failed, so this worker's training waits on a dead peer."""
+        try:
+            return bool(self.storage.list(self._barrier_url(attempt + 1)))
+        except (OSError, urllib.error.URLError):
+            return False  # the bucket is slow to answer: look again next time
+
+    def _train_once(self, files: dict, attempt: int) -> int:
         run_dir = os.path.join(self.home, "run")
         os.makedirs(run_dir, exist_ok=True)
         command = self.training_command(files)
@@ -225,8 +235,25 @@ class Worker:
             timer = threading.Timer(max(0.0, float(deadline) - time.time()), out_of_time)
             timer.daemon = True
             timer.start()
+        poll = float(self.config.get("peer_poll_s", 5))
         try:
-            return child.wait()
+            while True:
+                try:
+                    return child.wait(timeout=poll)
+                except subprocess.TimeoutExpired:
+                    pass
+                if len(self.peers) > 1 and self._peer_started_again(attempt):
+                    # Its collectives wait on a process that is gone: nothing can be saved,
+                    # the checkpoint in the bucket is where every worker starts again.
+                    self.say(f"another worker started attempt {attempt + 1} (it rebooted, or its "
+                             "training failed): stopping this one to start again with it")
+                    child.terminate()
+                    try:
+                        child.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+                    child.wait()
+                    return 1
         finally:
             if timer is not None:
                 timer.cancel()
