@@ -204,8 +204,9 @@ class EmulatedPod:
 
     # -- what the server calls (under its lock) --------------------------------
 
-    def runs(self, name: str) -> bool:
-        return name in self._nodes
+    def runs(self, node: str) -> bool:
+        """Whether the node (by id or full name) has booted and is not deleted."""
+        return any(node in (name, name.rsplit("/", 1)[-1]) for name in list(self._nodes))
 
     def boot(self, node) -> None:
         """Boots every worker of `node` (a tpu_v2.Node, endpoints set) on this machine."""

@@ -30,7 +30,7 @@ import pytest
 pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
 
 import jax  # noqa: E402
-from emulated_pod import EmulatedPod, worker_environment  # noqa: E402
+from emulated_pod import EmulatedPod, wait_until, worker_environment  # noqa: E402
 from tpu_server import FakeTpuService, TpuServer  # noqa: E402
 
 from podracer.policy import read_run  # noqa: E402
@@ -258,6 +258,9 @@ def test_attach_follows_a_run_whose_launcher_was_killed_to_its_end(pod, gcs_buck
     emulated, server = pod
     launcher = _launcher_process(server)
     try:
+        wait_until(lambda: emulated.runs(NAME) or launcher.poll() is not None, 240,
+                   "the launcher to create the slice")
+        assert launcher.poll() is None, launcher.communicate()[0]
         emulated.wait_for_phase(NAME, 0, "running", timeout=240)
         emulated.wait_for_phase(NAME, 1, "running", timeout=240)
         emulated.pause(NAME)  # the run cannot end before `attach` is following it
