@@ -72,10 +72,13 @@ class Profiler(Timings):
     Its `totals()` stay the raw thread-seconds per name (what metrics.jsonl
     rows carry); `stop()` returns the corrected, per-role report.
 
-    The trace covers the first `trace_s` seconds of the profiled window: on CPU
-    every XLA kernel is a trace event, so a trace grows by tens of megabytes a
-    second and takes long to write and to open. The thread whose operation
-    ends past that point writes it, timed as the operation `TRACE_WRITE`.
+    The trace covers the first `trace_s` seconds of the profiled window, and
+    longer where an operation begun in it has not yet ended once (a first
+    learner update that compiles, on a busy machine): every operation in the
+    trace is there whole at least once. On CPU every XLA kernel is a trace
+    event, so a trace grows by tens of megabytes a second and takes long to
+    write and to open. The thread whose operation ends past that point writes
+    it, timed as the operation `TRACE_WRITE`.
     """
 
     def __init__(self, trace_dir: str | None = None, trace_s: float = 5.0):
@@ -92,6 +95,8 @@ class Profiler(Timings):
         self._trace_start = 0.0
         self._trace_deadline = math.inf
         self._trace_window_s: float | None = None
+        self._traced_begun: set[str] = set()  # names of the operations begun in the trace
+        self._traced_ended: set[str] = set()  # ... and of those ended in it at least once
 
     @contextlib.contextmanager
     def measure(self, name: str) -> Iterator[None]:
@@ -100,6 +105,9 @@ class Profiler(Timings):
             raise RuntimeError(f"profiled operation {name!r} nested inside {local.inside!r}; "
                                f"measured operations must not nest")
         local.inside = name
+        traced = self._annotate
+        if traced:
+            self._traced_begun.add(name)
         start = clock()
         try:
             if self._annotate:
@@ -111,7 +119,9 @@ class Profiler(Timings):
             end = clock()
             local.inside = None
             self._record(name, end - start)
-            if end >= self._trace_deadline:
+            if traced:
+                self._traced_ended.add(name)
+            if end >= self._trace_deadline and self._traced_begun <= self._traced_ended:
                 self._stop_trace(record=True)
 
     def _record(self, name: str, seconds: float) -> None:
