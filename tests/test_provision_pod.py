@@ -149,6 +149,28 @@ def _has_checkpoint(service) -> bool:
     return bool(run_dir and checkpoint_steps(run_dir))
 
 
+def _at_first_checkpoint(emulated, service, disturb) -> list:
+    """Once the run has a checkpoint: freeze the slice there (so it cannot finish first),
+    note its checkpoints, then `disturb()`. The list gets the steps noted."""
+    noted = []
+
+    def act():
+        emulated.pause(NAME)
+        noted.append(checkpoint_steps(_run_dir(service)))
+        disturb()
+
+    emulated.when(lambda: _has_checkpoint(service), act)
+    return noted
+
+
+def _assert_same_state(run_dir: str, reference: list[np.ndarray]) -> None:
+    """The run's last checkpoint is bit for bit the uninterrupted run's."""
+    final = _final_state(run_dir)
+    assert len(final) == len(reference)
+    for got, want in zip(final, reference):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(emulated_pod, gcs_bucket):
     """One run of TRAINING on a 2-worker slice, undisturbed: (outcome, pod, final state)."""
@@ -179,14 +201,7 @@ def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_p
         pod, uninterrupted, gcs_bucket, capsys):
     emulated, server = pod
     _, _, reference = uninterrupted
-    preempted = []
-
-    def preempt():  # frozen at its first checkpoint, so it cannot finish first; then preempted
-        emulated.pause(NAME)
-        preempted.append(checkpoint_steps(_run_dir(server.service)))
-        emulated.preempt(NAME)
-
-    emulated.when(lambda: _has_checkpoint(server.service), preempt)
+    preempted = _at_first_checkpoint(emulated, server.service, lambda: emulated.preempt(NAME))
     outcome = _launch(server, capsys, "--spot", "--max-restarts=1")
 
     summary = _assert_finished(outcome, emulated, gcs_bucket)
@@ -203,10 +218,7 @@ def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_p
     assert resumed and 0 < int(resumed[1].replace(",", "")) < STEPS, log[-2000:]
     # ... and trained to the very parameters (optimizer, environments, key) of an
     # uninterrupted run: resuming lost nothing and repeated nothing.
-    final = _final_state(outcome.run_dir)
-    assert len(final) == len(reference)
-    for got, want in zip(final, reference):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_state(outcome.run_dir, reference)
     emulated.assert_nothing_left()
 
 
@@ -214,15 +226,12 @@ def test_reboot_of_one_worker_runs_its_startup_script_again_and_the_run_finishes
         pod, uninterrupted, gcs_bucket, capsys):
     emulated, server = pod
     _, _, reference = uninterrupted
-    rebooted = []
 
     def reboot():
-        emulated.pause(NAME)
-        rebooted.append(checkpoint_steps(_run_dir(server.service)))
         emulated.reboot(NAME, 1)
         emulated.resume(NAME)  # worker 0 trains on, waiting for its lost peer
 
-    emulated.when(lambda: _has_checkpoint(server.service), reboot)
+    rebooted = _at_first_checkpoint(emulated, server.service, reboot)
     outcome = _launch(server, capsys, "--max-restarts=1")
 
     _assert_finished(outcome, emulated, gcs_bucket)
@@ -236,9 +245,7 @@ def test_reboot_of_one_worker_runs_its_startup_script_again_and_the_run_finishes
     log = _bucket_text(gcs_bucket, outcome.run_dir, "logs/worker-1.log")
     second_boot = log.rsplit("worker 1 of 2", 1)[1]
     assert "uv pip install" not in second_boot, second_boot
-    final = _final_state(outcome.run_dir)
-    for got, want in zip(final, reference):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_state(outcome.run_dir, reference)
     emulated.assert_nothing_left()
 
 
