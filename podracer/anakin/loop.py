@@ -62,20 +62,12 @@ def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh,
                 recurrent: bool = False) -> AnakinLayout:
     num_devices = mesh.devices.size
     envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
-    problem = (_sequence_problem(ppo_config, envs_per_device, "--num-envs", num_devices) if recurrent
+    fix = f"make --num-envs a multiple of {ppo_config.minibatches * num_devices} or lower --minibatches"
+    problem = (ppo_config.sequence_problem(envs_per_device, fix) if recurrent
                else ppo_config.batch_problem(config.rollout_len, envs_per_device))
     if problem:
         raise PodracerError(problem)
     return AnakinLayout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
-
-
-def _sequence_problem(ppo_config, envs_per_device: int, flag: str, num_devices: int) -> str | None:
-    """Why a recurrent batch cannot be cut into minibatches of whole environment sequences, or None."""
-    if envs_per_device % ppo_config.minibatches:
-        return (f"a recurrent network's minibatches hold whole environment sequences: the "
-                f"{envs_per_device} environments per device do not split into --minibatches="
-                f"{ppo_config.minibatches}; make {flag} a multiple of {ppo_config.minibatches * num_devices}")
-    return None
 
 
 def _pack_rows(tree) -> tuple[tuple[jax.Array, ...], Callable]:
