@@ -87,7 +87,9 @@ def _is_envpool_id(env_id: str) -> bool:
         import envpool
     except ImportError:
         return False
-    return env_id in envpool.list_all_envs()
+    from podracer.sebulba.envs import MASKED
+
+    return env_id in envpool.list_all_envs() or env_id in MASKED
 
 
 # Imported by gymnax at import time for its `render` methods only; loaded on first use.
