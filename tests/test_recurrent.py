@@ -21,7 +21,7 @@ from conftest import LAUNCHER, PYTHON
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, make_anakin, make_anakin_phases
 from podracer.networks import carry_width, init_params, initial_carry, make_network, unflatten_carry
-from podracer.ppo import PPOConfig, init_train_state
+from podracer.ppo import PPOConfig, init_train_state, make_update
 from podracer.ppo.update import episode_starts
 from podracer.protocol import parallel
 
@@ -41,6 +41,10 @@ def test_rollout_resets_the_state_where_episodes_end_and_the_update_replays_it()
     init, _ = make_anakin(env, network, optimizer, ppo_config, config, mesh)
     act, _ = make_anakin_phases(env, network, optimizer, ppo_config, config, mesh)
     runner = init(jax.random.PRNGKey(3))
+    # A policy far from uniform (its head initialised 100x larger), so that its state shows in its actions.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 100 if "PolicyHead_0" in jax.tree_util.keystr(path) else x, runner.train.params)
+    runner = runner._replace(train=runner.train._replace(params=params))
     for _ in range(2):  # the second rollout starts from a carried, non-zero state
         start = runner.carry
         runner, experience = act(runner)
@@ -68,6 +72,14 @@ def test_rollout_resets_the_state_where_episodes_end_and_the_update_replays_it()
     (_, no_start), _ = network.apply(params, batch.obs, fresh, episode_starts(batch))
     assert np.abs(np.asarray(no_reset) - np.asarray(batch.value)).max() > 1e-3
     assert np.abs(np.asarray(no_start) - np.asarray(batch.value)).max() > 1e-3
+
+    # ppo.make_update itself, with a learning rate of zero: every minibatch of whole sequences
+    # replays the behaviour policy, so the probability ratios are 1 (its KL estimate 0).
+    update = jax.jit(make_update(network.apply, optax.sgd(0.0), ppo_config))
+    replay = lambda carry: float(update(runner.train, batch, experience.bootstrap_value,
+                                        jax.random.PRNGKey(0), carry)[1]["approx_kl"])
+    assert abs(replay(experience.carry)) < 1e-8
+    assert replay(fresh) > 1e-6  # from the wrong state it is another policy
 
 
 def test_one_device_matches_eight_with_an_lstm():
