@@ -87,9 +87,7 @@ def _is_envpool_id(env_id: str) -> bool:
         import envpool
     except ImportError:
         return False
-    from podracer.sebulba.envs import MASKED
-
-    return env_id in envpool.list_all_envs() or env_id in MASKED
+    return env_id in envpool.list_all_envs()
 
 
 # Imported by gymnax at import time for its `render` methods only; loaded on first use.
