@@ -242,3 +242,15 @@ def test_anakin_resume_with_the_carry_is_bitwise_and_profile_trains_the_same(tmp
     for x, y in zip(jax.tree.leaves((a["train"]["params"], a["carry"])),
                     jax.tree.leaves((b["train"]["params"], b["carry"]))):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_sebulba_lstm_on_two_processes_with_profile(tmp_path):
+    result = _launch("--arch=sebulba", "--network=lstm", "--num-envs=8", "--rollout-len=16", "--minibatches=2",
+                     "--total-steps=1024", "--num-processes=2", "--cpu-devices=2", "--checkpoint-every=0",
+                     "--profile", "--profile-trace-s=0", f"--run-dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    prints = summary["params_fingerprints"]
+    assert summary["processes"] == 2 and len(prints) == 2 and prints[0] == prints[1]
+    operations = {row["operation"] for row in summary["profile"]["operations"]}
+    assert {"inference", "learner_update"} <= operations and "where the time went" in result.stdout
