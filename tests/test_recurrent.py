@@ -254,3 +254,12 @@ def test_sebulba_lstm_on_two_processes_with_profile(tmp_path):
     assert summary["processes"] == 2 and len(prints) == 2 and prints[0] == prints[1]
     operations = {row["operation"] for row in summary["profile"]["operations"]}
     assert {"inference", "learner_update"} <= operations and "where the time went" in result.stdout
+
+
+def test_a_checkpoint_from_before_the_network_flag_resumes_as_mlp():
+    from podracer.session.checkpoint import config_differences
+
+    saved = {"network": {"hidden": [64, 64], "activation": "tanh"}}
+    now = lambda kind: {"network": {"hidden": [64, 64], "activation": "tanh", "network": kind}}
+    assert config_differences(saved, now("mlp")) == []
+    assert config_differences(saved, now("lstm")) == ["--network ('mlp' saved, 'lstm' now)"]
