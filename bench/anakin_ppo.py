@@ -7,6 +7,10 @@ Everything is measured in this one process, side by side:
 - podracer: `podracer.anakin.make_anakin` on one device.
 - peer: `bench/peer_purejaxrl.py`, a faithful copy of that single-file PPO.
 - env ceiling: gymnax CartPole stepped with random actions at the same batch.
+- podracer anakin, --network=lstm: the same program with an LSTM core (a 64-unit
+  torso, a 64-unit LSTM, 64-unit actor and critic heads), steady state only:
+  what memory costs at the same batch (minibatches of one whole environment
+  sequence each).
 
 `sps` is steady-state env steps/s of training: both programs compiled for the
 same chunk of work (122 updates, 62,464 env steps), called in alternation, the
@@ -64,9 +68,9 @@ NUM_UPDATES = TOTAL // (NUM_ENVS * ROLLOUT)  # 976 = 8 calls x 122 updates
 UPDATES_PER_CALL = NUM_UPDATES // 8
 
 
-def podracer_program():
+def podracer_program(network_kind: str = "mlp"):
     env = make_env("CartPole-v1")
-    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete)
+    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, network=network_kind)
     config = AnakinConfig(num_envs=NUM_ENVS, rollout_len=ROLLOUT, updates_per_call=UPDATES_PER_CALL)
     optimizer = make_optimizer(OptimConfig(lr=2.5e-4), NUM_UPDATES * 16)
     return make_anakin(env, network, optimizer, PPOConfig(), config, parallel.make_mesh(jax.devices()[:1]))
@@ -108,23 +112,29 @@ def peer_run(seed: int) -> dict:
             "time_to_solve_s": None if solved is None else compile_s + train_s * (solved + 1) / 8}
 
 
-def steady_state(rounds: int) -> tuple[float, float]:
-    """Median env steps/s of (podracer, peer) over `rounds` alternating equal chunks."""
+def steady_state(rounds: int) -> tuple[float, float, float]:
+    """Median env steps/s of (podracer, peer, podracer LSTM) over `rounds` alternating equal chunks."""
     init, train = podracer_program()
     runner = init(jax.random.PRNGKey(7))
     ours = train.lower(runner).compile()
+    init, train = podracer_program("lstm")
+    lstm_runner = init(jax.random.PRNGKey(7))
+    lstm = train.lower(lstm_runner).compile()
     peer_config = dict(peer_purejaxrl.REFERENCE_CONFIG, TOTAL_TIMESTEPS=UPDATES_PER_CALL * NUM_ENVS * ROLLOUT)
     peer = jax.jit(peer_purejaxrl.make_train(peer_config)).lower(jax.random.PRNGKey(7)).compile()
-    times = {"ours": [], "peer": []}
-    for round_ in range(rounds + 1):  # the first round warms both up and is not counted
+    times = {"ours": [], "peer": [], "lstm": []}
+    for round_ in range(rounds + 1):  # the first round warms each up and is not counted
         (runner, _), seconds = common.timed(ours, runner)
         if round_:
             times["ours"].append(seconds)
         _, seconds = common.timed(peer, jax.random.PRNGKey(round_))
         if round_:
             times["peer"].append(seconds)
+        (lstm_runner, _), seconds = common.timed(lstm, lstm_runner)
+        if round_:
+            times["lstm"].append(seconds)
     steps = UPDATES_PER_CALL * NUM_ENVS * ROLLOUT
-    return steps / statistics.median(times["ours"]), steps / statistics.median(times["peer"])
+    return tuple(steps / statistics.median(times[name]) for name in ("ours", "peer", "lstm"))
 
 
 def main():
@@ -133,7 +143,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=15, help="alternating steady-state chunks of each")
     args = parser.parse_args()
     ceiling = env_ceiling()
-    sps, peer_sps = steady_state(args.rounds)
+    sps, peer_sps, lstm_sps = steady_state(args.rounds)
     ours, peer = [], []
     for repeat in range(args.repeats):  # alternate so both see the same machine noise
         ours.append(podracer_run(repeat))
@@ -145,11 +155,12 @@ def main():
              fmt(r["time_to_solve_s"]), fmt(r["final_return"]))
             for name, steady, r, runs in (("podracer anakin", sps, o, ours),
                                           ("peer single-file PPO", peer_sps, p, peer))]
+    rows.append(("podracer anakin --network=lstm", fmt(lstm_sps), "-", "-", "-", "-"))
     rows.append(("gymnax env ceiling", fmt(ceiling), "-", "-", "-", "-"))
     solve_times = [r["time_to_solve_s"] for r in ours]
     report_result = {
         "bench": "anakin_ppo", "env": "CartPole-v1", "sps": sps, "peer_sps": peer_sps,
-        "ratio_to_peer": sps / peer_sps, "env_ceiling_sps": ceiling,
+        "ratio_to_peer": sps / peer_sps, "env_ceiling_sps": ceiling, "lstm_sps": lstm_sps,
         "run_sps": o["sps"], "peer_run_sps": p["sps"],
         "compile_s": min(r["compile_s"] for r in ours), "peer_compile_s": min(r["compile_s"] for r in peer),
         "time_to_solve_s": None if None in solve_times else max(solve_times),

@@ -108,8 +108,12 @@ class NetworkConfig:
     """Hidden layer widths of the actor and the critic MLPs."""
     activation: str = "tanh"
     """Hidden activation: tanh or relu."""
+    network: str = "mlp"
+    """mlp (feed-forward), or lstm / gru: a recurrent core for tasks that need memory (PPO only). Its state is carried through the rollout, zeroed where an episode ends, and each update replays whole environment sequences from the state stored at their start (minibatches split environments: --num-envs per device must divide by --minibatches)."""
 
     def __post_init__(self):
+        if self.network not in ("mlp", "lstm", "gru"):
+            raise ValueError(f"--network must be mlp, lstm or gru, got {self.network!r}")
         if self.activation not in ("tanh", "relu"):
             raise ValueError(f"--activation must be tanh or relu, got {self.activation!r}")
         if not self.hidden:

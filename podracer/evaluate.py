@@ -18,6 +18,7 @@ def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> 
 
     env = make_env(env_id)
     horizon = int(env.params.max_steps_in_episode)
+    recurrent = hasattr(act, "initial_carry")  # `policy.RecurrentPolicy`: its state goes along
 
     @jax.jit
     def run(key):
@@ -25,16 +26,20 @@ def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> 
         state, ts = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
 
         def step(carry, key):
-            state, obs, total, alive = carry
+            state, obs, total, alive, memory = carry
             act_key, env_key = jax.random.split(key)
-            action = act(obs, act_key)
+            if recurrent:
+                action, memory = act(obs, act_key, memory)
+            else:
+                action = act(obs, act_key)
             state, ts = jax.vmap(env.step)(jax.random.split(env_key, episodes), state, action)
             total = total + jnp.where(alive, ts.reward, 0.0)
             alive = alive & ~(ts.terminated | ts.truncated)
-            return (state, ts.obs, total, alive), None
+            return (state, ts.obs, total, alive, memory), None
 
-        init = (state, ts.obs, jnp.zeros(episodes), jnp.ones(episodes, bool))
-        (_, _, total, _), _ = jax.lax.scan(step, init, jax.random.split(key, horizon))
+        memory = act.initial_carry(episodes) if recurrent else ()
+        init = (state, ts.obs, jnp.zeros(episodes), jnp.ones(episodes, bool), memory)
+        (_, _, total, _, _), _ = jax.lax.scan(step, init, jax.random.split(key, horizon))
         return total
 
     return np.asarray(run(jax.random.PRNGKey(seed)))
@@ -50,6 +55,7 @@ def envpool_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) ->
     from podracer.sebulba.es_actor import EpisodeTally, in_slot_order
 
     envs = EnvPoolEnvs(env_id, episodes, episodes, 0, seed=seed)
+    memory = act.initial_carry(episodes) if hasattr(act, "initial_carry") else None  # a recurrent policy's state
     act = jax.jit(act)
     tally, slots, key = EpisodeTally(episodes), np.arange(episodes, dtype=np.int32), jax.random.PRNGKey(seed)
     try:
@@ -60,7 +66,11 @@ def envpool_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) ->
             if tally.done:
                 return tally.returns.copy()
             key, act_key = jax.random.split(key)
-            envs.send(np.asarray(act(step.obs, act_key)), slots)
+            if memory is not None:  # each environment's first episode only: no reset needed
+                action, memory = act(step.obs, act_key, memory)
+            else:
+                action = act(step.obs, act_key)
+            envs.send(np.asarray(action), slots)
     finally:
         envs.close()
 

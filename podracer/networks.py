@@ -1,8 +1,11 @@
-"""Actor-critic networks: an MLP for vector observations, Nature-CNN for pixels.
+"""Actor-critic networks: an MLP for vector observations, Nature-CNN for pixels, LSTM/GRU for memory.
 
-Every actor-critic maps a batch of observations to `(distribution, value)`, which
-is the `apply_fn` contract used by PPO, the actors and `load_policy`. Evolution
-strategies use `make_policy_network` instead: a deterministic policy, no critic.
+Every feed-forward actor-critic maps a batch of observations to `(distribution,
+value)`, which is the `apply_fn` contract used by PPO, the actors and
+`load_policy`. A recurrent one (`RecurrentActorCritic`, `--network=lstm|gru`)
+maps time-major sequences and the carry they start from to
+`((distribution, value), carry)` (see its docstring). Evolution strategies use
+`make_policy_network` instead: a deterministic policy, no critic.
 """
 
 from __future__ import annotations
@@ -141,18 +144,123 @@ class CNNActorCritic(nn.Module):
         return dist, value
 
 
+NETWORKS = ("mlp", "lstm", "gru")  # --network: feed-forward, or a recurrent core
+CELLS: dict[str, Callable] = {"lstm": nn.OptimizedLSTMCell, "gru": nn.GRUCell}
+
+
+class _Core(nn.Module):
+    """One recurrent step on [B, ...] inputs: the carry is zeroed where `reset`, then the cell runs."""
+
+    cell: str
+    features: int
+
+    @nn.compact
+    def __call__(self, carry, inputs):
+        x, reset = inputs
+        carry = reset_carry(carry, reset)
+        return CELLS[self.cell](self.features)(carry, x)
+
+
+class RecurrentActorCritic(nn.Module):
+    """A torso, an LSTM or GRU core shared by actor and critic, and an MLP head for each.
+
+    `apply(params, obs, carry, reset) -> ((distribution, value), carry)` on
+    time-major sequences: `obs` [T, B, ...], `reset` [T, B] (True where an
+    episode starts at that step: the carry is zeroed before the step), `carry`
+    the state before step 0 (`initial_carry`) and the result the state after
+    step T-1. Acting is a sequence of one step (`T = 1`), so the rollout and the
+    update run the same function. The torso is a dense layer of `hidden[0]`
+    units (Nature-CNN for frames, with a 512-unit core); the heads are MLPs of
+    `hidden[1:]`. Torso and heads run on all T x B inputs at once; only the core
+    steps through time.
+    """
+
+    action_dim: int
+    discrete: bool
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    obs_rank: int = 1
+    cell: str = "lstm"
+    cnn: bool = False
+    channels_last: bool = False
+
+    @property
+    def core_size(self) -> int:
+        return 512 if self.cnn else self.hidden[0]
+
+    @nn.compact
+    def __call__(self, obs, carry, reset):
+        lead = obs.shape[:2]
+        if self.cnn:
+            x = NatureCNN(self.channels_last)(obs)
+        else:
+            x = obs.reshape(lead + (-1,)).astype(jnp.float32)
+            x = ACTIVATIONS[self.activation](_dense(self.hidden[0], np.sqrt(2))(x))
+        core = nn.scan(_Core, variable_broadcast="params", split_rngs={"params": False})
+        carry, h = core(self.cell, self.core_size, name="core")(carry, (x, reset))
+        dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden[1:], self.activation)(h))
+        value = _dense(1, 1.0)(MLP(self.hidden[1:], self.activation)(h))[..., 0]
+        return (dist, value), carry
+
+
+def is_recurrent(network) -> bool:
+    return isinstance(network, RecurrentActorCritic)
+
+
+def initial_carry(network, batch_size: int):
+    """The carry a fresh episode starts from ([B, core] zeros); `()` for a feed-forward network."""
+    if not is_recurrent(network):
+        return ()
+    zeros = jnp.zeros((batch_size, network.core_size), jnp.float32)
+    return (zeros, zeros) if network.cell == "lstm" else zeros
+
+
+def carry_width(network) -> int:
+    """Columns of `flatten_carry`'s [B, K] array: 0 for a feed-forward network."""
+    if not is_recurrent(network):
+        return 0
+    return network.core_size * (2 if network.cell == "lstm" else 1)
+
+
+def flatten_carry(carry) -> jax.Array:
+    """A carry's leaves side by side as one float32 [B, K] array (what a host keeps per environment)."""
+    return jnp.concatenate(jax.tree.leaves(carry), axis=-1)
+
+
+def unflatten_carry(network, flat: jax.Array):
+    """`flatten_carry`'s inverse for `network`'s carry."""
+    if network.cell == "lstm":
+        return flat[..., :network.core_size], flat[..., network.core_size:]
+    return flat
+
+
+def reset_carry(carry, reset: jax.Array):
+    """`carry` with the rows where `reset` ([B] bool) zeroed: a fresh episode's state."""
+    return jax.tree.map(lambda c: jnp.where(reset.reshape(reset.shape + (1,) * (c.ndim - 1)),
+                                            jnp.zeros_like(c), c), carry)
+
+
 def make_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
-                 hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> nn.Module:
+                 hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                 network: str = "mlp") -> nn.Module:
     """Nature-CNN for frames big enough for its 8x8/4 first layer, an MLP otherwise.
 
     Frames are channels-first ([C, H, W], envpool's layout) when the leading
-    dimension is the smallest, channels-last ([H, W, C]) otherwise.
+    dimension is the smallest, channels-last ([H, W, C]) otherwise. `network`
+    `lstm` or `gru` puts a recurrent core after that torso (`RecurrentActorCritic`).
     """
+    if network not in NETWORKS:
+        raise ValueError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    cnn, channels_last = False, False
     if len(obs_shape) == 3 and discrete:
         channels_last = obs_shape[-1] <= obs_shape[0]
         spatial = obs_shape[:2] if channels_last else obs_shape[1:]
-        if min(spatial) >= 36:
-            return CNNActorCritic(action_dim, channels_last=channels_last)
+        cnn = min(spatial) >= 36
+    if network != "mlp":
+        return RecurrentActorCritic(action_dim, discrete, tuple(hidden), activation, len(obs_shape),
+                                    network, cnn, channels_last)
+    if cnn:
+        return CNNActorCritic(action_dim, channels_last=channels_last)
     return MLPActorCritic(action_dim, discrete, tuple(hidden), activation, len(obs_shape))
 
 
@@ -186,7 +294,10 @@ def make_policy_network(obs_shape: Sequence[int], action_dim: int, discrete: boo
 
 def init_params(network: nn.Module, obs_shape: Sequence[int], obs_dtype, key: jax.Array):
     """Parameters for `network`, initialised from a single dummy observation."""
-    return network.init(key, jnp.zeros((1, *obs_shape), obs_dtype))
+    obs = jnp.zeros((1, *obs_shape), obs_dtype)
+    if is_recurrent(network):
+        return network.init(key, obs[None], initial_carry(network, 1), jnp.zeros((1, 1), bool))
+    return network.init(key, obs)
 
 
 def _pair_product(x: jax.Array, kernel: jax.Array) -> jax.Array:

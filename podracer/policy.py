@@ -57,18 +57,45 @@ def _stats(saved: dict[str, Any]) -> RunningStats:
     return RunningStats(**{k: jnp.asarray(v) for k, v in saved.items()})
 
 
+class RecurrentPolicy:
+    """A recurrent run's policy: `act(obs, key, carry, reset=None) -> (actions, carry)`, pure and jittable.
+
+    `carry` is the policy's state before `obs` (start from `initial_carry(B)`);
+    `reset` ([B] bool, optional) zeroes it first where an episode starts at
+    `obs`. Pass the returned carry to the next call.
+    """
+
+    def __init__(self, network, act_batch: Callable, params, obs_stats: RunningStats):
+        self._network, self._act, self._params, self._obs_stats = network, act_batch, params, obs_stats
+
+    def initial_carry(self, batch_size: int):
+        from podracer.networks import initial_carry
+
+        return initial_carry(self._network, batch_size)
+
+    def __call__(self, obs: jax.Array, key: jax.Array, carry, reset: jax.Array | None = None):
+        keys = jax.random.split(key, obs.shape[0])
+        reset = jnp.zeros(obs.shape[:1], bool) if reset is None else reset
+        action, _, _, carry = self._act(self._params, self._obs_stats, obs, keys, carry, reset)
+        return action, carry
+
+
 def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], deterministic: bool,
                 algo: str = "ppo") -> Callable:
     """An actor-critic's policy: PPO's, or IMPALA's (the same network and acting function)."""
-    from podracer.networks import make_network
+    from podracer.networks import is_recurrent, make_network
     from podracer.ppo import PPOConfig, make_act
     from podracer.vtrace import ImpalaConfig
 
     ppo_config = {"ppo": PPOConfig, "impala": ImpalaConfig}[algo](**configs[algo])
     net = _network_config(configs)
-    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
+    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
+                           net.network)
     params = jax.tree.map(jnp.asarray, state["train"]["params"])
     obs_stats = _stats(state["train"]["obs_stats"])
+    if is_recurrent(network):
+        return RecurrentPolicy(network, make_act(network.apply, ppo_config, deterministic, recurrent=True),
+                               params, obs_stats)
     act_batch = make_act(network.apply, ppo_config, deterministic)
 
     def act(obs: jax.Array, key: jax.Array) -> jax.Array:

@@ -41,6 +41,13 @@ BAD_INVOCATIONS = {
     "sebulba negative checkpoint interval": ["--arch=sebulba", "--checkpoint-every=-5"],
     "sebulba zero checkpoints kept": ["--arch=sebulba", "--keep-checkpoints=0"],
     "es zero population": ["--algo=es", "--population=0"],
+    "unknown network": ["--network=transformer"],
+    "recurrent impala": ["--algo=impala", "--network=lstm"],
+    "recurrent es": ["--algo=es", "--network=gru"],
+    "recurrent dataset recording": ["--network=lstm", "--record-dataset=/tmp/podracer-never-written"],
+    "recurrent envs do not split into minibatches": ["--network=lstm", "--num-envs=6", "--minibatches=4"],
+    "sebulba recurrent envs do not split into minibatches": ["--arch=sebulba", "--network=gru", "--num-envs=6",
+                                                             "--minibatches=4"],
 }
 
 

@@ -21,6 +21,7 @@ from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
 from podracer.distributions import sampling_noise
 from podracer.errors import PodracerError
+from podracer.networks import init_params, initial_carry, is_recurrent, reset_carry
 from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, policy_inputs
 from podracer.ppo import make_update as ppo_make_update
 from podracer.types import TrainState
@@ -46,6 +47,7 @@ class RunnerState(NamedTuple):
     env_state: EnvState  # [num_envs, ...], sharded
     obs: jax.Array  # [num_envs, ...], sharded: the observation to act on next
     key: jax.Array  # replicated
+    carry: Any = ()  # a recurrent network's state before acting on `obs` ([num_envs, ...] leaves, sharded)
 
 
 class AnakinLayout(NamedTuple):
@@ -56,10 +58,13 @@ class AnakinLayout(NamedTuple):
     steps_per_update: int  # global env steps
 
 
-def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> AnakinLayout:
+def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh,
+                recurrent: bool = False) -> AnakinLayout:
     num_devices = mesh.devices.size
     envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
-    problem = ppo_config.batch_problem(config.rollout_len, envs_per_device)
+    fix = f"make --num-envs a multiple of {ppo_config.minibatches * num_devices} or lower --minibatches"
+    problem = (ppo_config.sequence_problem(envs_per_device, fix) if recurrent
+               else ppo_config.batch_problem(config.rollout_len, envs_per_device))
     if problem:
         raise PodracerError(problem)
     return AnakinLayout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
@@ -108,6 +113,7 @@ class Experience(NamedTuple):
     bootstrap_value: jax.Array  # [B], sharded
     update_key: jax.Array  # replicated
     episodes: dict  # episodes that ended during the rollout: count, return and length sums (psum'ed)
+    carry: Any = ()  # a recurrent network's state before each environment's first row, sharded
 
 
 def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation,
@@ -121,13 +127,16 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
     One update is `act` then `learn`; Anakin fuses them into one program,
     profile mode compiles them apart. Returns them with the mesh axes they use.
     """
-    layout = make_layout(config, ppo_config, mesh)
+    recurrent = is_recurrent(network)
+    if recurrent and make_update is not ppo_make_update:
+        raise PodracerError("--network=lstm/gru trains with --algo=ppo only; use --network=mlp for this algorithm")
+    layout = make_layout(config, ppo_config, mesh, recurrent)
     # On one device there is nothing to average: no collectives at all (XLA keeps
     # even single-participant all-reduces, and each costs a rendezvous).
     axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 else ()
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
-    act_fn = make_act(apply_fn, ppo_config, presampled=True)
+    act_fn = make_act(apply_fn, ppo_config, presampled=True, recurrent=recurrent)
     local_envs = layout.envs_per_device
 
     def _rollout_draws(key):
@@ -142,10 +151,10 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
 
     def init(key):
         param_key, env_key, run_key = jax.random.split(key, 3)
-        params = network.init(param_key, jnp.zeros((1, *env.spec.obs_shape), env.spec.obs_dtype))
+        params = init_params(network, env.spec.obs_shape, env.spec.obs_dtype, param_key)
         train = init_train_state(params, optimizer, env.spec.obs_shape)
         env_state, timestep = jax.vmap(env.reset)(_env_keys(env_key, local_envs, axes))
-        return RunnerState(train, env_state, timestep.obs, run_key)
+        return RunnerState(train, env_state, timestep.obs, run_key, initial_carry(network, local_envs))
 
     def env_step(params, obs_stats, carry, draws):
         env_state, obs = carry
@@ -155,6 +164,56 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
         action, log_prob, _ = act_fn(params, obs_stats, obs, action_noise)
         env_state, ts = jax.vmap(env.step_with)(env_draws, env_state, action)
         return (env_state, ts.obs), (obs, action, log_prob, ts)
+
+    def recurrent_env_step(params, obs_stats, carry, draws):
+        env_state, obs, core = carry
+        action_noise, env_draws = draws
+        no_reset = jnp.zeros(obs.shape[:1], bool)  # `core` was reset where the last step ended
+        action, log_prob, value, core = act_fn(params, obs_stats, obs, action_noise, core, no_reset)
+        env_state, ts = jax.vmap(env.step_with)(env_draws, env_state, action)
+        done = jnp.logical_or(ts.terminated, ts.truncated)
+        # The state that saw the final observation (its value bootstraps a truncation), then a fresh one.
+        return (env_state, ts.obs, reset_carry(core, done)), (obs, action, log_prob, value, ts, core)
+
+    def act_recurrent(runner: RunnerState) -> tuple[RunnerState, Experience]:
+        # The carry goes through the loop beside the packed environments; values come
+        # out of the loop (the core has to run there anyway), and the values of final
+        # observations, with the state that saw them, in one batched step after it.
+        key, rollout_key, update_key = jax.random.split(runner.key, 3)
+        train = runner.train
+        packed, unpack = _pack_rows((runner.env_state, runner.obs))
+
+        def step(carry, draws):
+            packed, core = carry
+            (env_state, obs, core), out = recurrent_env_step(train.params, train.obs_stats,
+                                                             (*unpack(packed), core), draws)
+            return (_pack_rows((env_state, obs))[0], core), out
+
+        (packed, core), (obs_t, action, log_prob, value, ts, core_t) = jax.lax.scan(
+            step, (packed, runner.carry), _rollout_draws(rollout_key))
+        env_state, obs = unpack(packed)
+        num_steps = config.rollout_len
+
+        def value_of(o, c):  # one step from state c on observations o: [N, ...]
+            (_, v), _ = apply_fn(train.params, policy_inputs(o, train.obs_stats, ppo_config)[None], c,
+                                 jnp.zeros((1, o.shape[0]), bool))
+            return v[0]
+
+        flat = lambda x: x.reshape((num_steps * local_envs,) + x.shape[2:])
+        final_value = value_of(flat(ts.final_obs), jax.tree.map(flat, core_t)).reshape(num_steps, local_envs)
+        bootstrap_value = value_of(obs, core)
+        batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
+                           final_value)
+        return (RunnerState(train, env_state, obs, key, core),
+                Experience(batch, bootstrap_value, update_key, _episodes(ts), runner.carry))
+
+    def _episodes(ts: TimeStep) -> dict:
+        done = jnp.logical_or(ts.terminated, ts.truncated)
+        return parallel.psum({
+            "episodes": done.sum(),
+            "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),
+            "episode_length_sum": jnp.where(done, ts.episode_length, 0).sum(),
+        }, axes)
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
@@ -175,31 +234,26 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
         value, final_value, bootstrap_value = value_of(obs_t), value_of(ts.final_obs), value_of(obs)
         batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
                            final_value)
-        done = jnp.logical_or(ts.terminated, ts.truncated)
-        episodes = parallel.psum({
-            "episodes": done.sum(),
-            "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),
-            "episode_length_sum": jnp.where(done, ts.episode_length, 0).sum(),
-        }, axes)
         return (RunnerState(train, env_state, obs, key),
-                Experience(batch, bootstrap_value, update_key, episodes))
+                Experience(batch, bootstrap_value, update_key, _episodes(ts)))
 
     def learn(train: TrainState, experience: Experience):
+        carry = (experience.carry,) if recurrent else ()
         train, metrics = update(train, experience.batch, experience.bootstrap_value,
-                                experience.update_key)
+                                experience.update_key, *carry)
         # For the NaN guard: checked on the host before anything is saved.
         metrics["params_finite"] = jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(train.params)]))
         metrics.update(experience.episodes)
         return train, metrics
 
-    return init, act, learn, axes
+    return init, act_recurrent if recurrent else act, learn, axes
 
 
 _RUNNER_SPECS = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS),
-                            key=P())
+                            key=P(), carry=P(parallel.DATA_AXIS))
 _EXPERIENCE_SPECS = Experience(batch=parallel.TIME_MAJOR_SPEC, bootstrap_value=P(parallel.DATA_AXIS),
-                               update_key=P(), episodes=P())
+                               update_key=P(), episodes=P(), carry=P(parallel.DATA_AXIS))
 
 
 def make_anakin(

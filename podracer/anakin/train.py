@@ -21,7 +21,7 @@ from podracer.actor_critic import actor_critic
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
 from podracer.data.record import ppo_policy
-from podracer.networks import make_network
+from podracer.networks import is_recurrent, make_network
 from podracer.protocol import parallel
 from podracer.session.session import RunSession
 
@@ -48,12 +48,12 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     algo, ppo_config = actor_critic(configs)
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
-    layout = make_layout(anakin, ppo_config, mesh)
-    steps_per_call = layout.steps_per_update * anakin.updates_per_call
-    num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     net = configs["network"]
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                           net.hidden, net.activation)
+                           net.hidden, net.activation, net.network)
+    layout = make_layout(anakin, ppo_config, mesh, is_recurrent(network))
+    steps_per_call = layout.steps_per_update * anakin.updates_per_call
+    num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     num_updates = num_calls * anakin.updates_per_call
     optimizer = make_optimizer(configs["optimizer"],
                                num_updates * ppo_config.epochs * ppo_config.minibatches)

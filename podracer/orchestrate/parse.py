@@ -126,6 +126,7 @@ def parse(argv: Sequence[str]) -> Parsed:
             configs[section] = cls(**kwargs)
         except ValueError as err:
             raise PodracerError(str(err)) from None
+    _refuse_recurrent(configs)
     if configs["logging"].wandb and importlib.util.find_spec("wandb") is None:
         raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb")
     return Parsed(configs, given, chosen, print_config)
@@ -143,6 +144,20 @@ def _refuse_unused(given: dict[str, Any], pair: tuple[str, str]) -> None:
         if name in ignored:
             raise PodracerError(f"{flag_name(name)} does not apply to --arch={pair[0]} --algo={pair[1]} "
                                 f"({ignored[name]}); drop it")
+
+
+def _refuse_recurrent(configs: dict[str, Any]) -> None:
+    """A recurrent network trains with PPO, and records or clones no datasets (their policies are feed-forward)."""
+    network, algo, data = configs["network"].network, configs["run"].algo, configs["data"]
+    if network == "mlp":
+        return
+    if algo != "ppo":
+        raise PodracerError(f"--network={network} trains with --algo=ppo only; use --network=mlp with "
+                            f"--algo={algo}")
+    for flag, value in (("record_dataset", data.record_dataset), ("init_from_dataset", data.init_from_dataset)):
+        if value:
+            raise PodracerError(f"{flag_name(flag)} records and clones feed-forward policies; "
+                                f"drop it or use --network=mlp")
 
 
 def parse_configs(argv: Sequence[str]) -> dict[str, Any]:

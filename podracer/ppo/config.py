@@ -50,3 +50,11 @@ class PPOConfig:
             return (f"--rollout-len={rollout_len} does not split into --minibatches={self.minibatches}; "
                     f"make the rollout length a multiple of the minibatch count")
         return None
+
+    def sequence_problem(self, envs_per_device: int, fix: str) -> str | None:
+        """Why a recurrent batch of `envs_per_device` whole sequences cannot be cut into minibatches, or None."""
+        if envs_per_device % self.minibatches:
+            return (f"a recurrent network's minibatches hold whole environment sequences: "
+                    f"{envs_per_device} environments per learner device do not split into "
+                    f"--minibatches={self.minibatches}; {fix}")
+        return None

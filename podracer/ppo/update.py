@@ -33,26 +33,50 @@ def policy_inputs(obs: jax.Array, obs_stats: RunningStats, config: PPOConfig) ->
 
 
 def make_act(apply_fn: ApplyFn, config: PPOConfig, deterministic: bool = False,
-             presampled: bool = False) -> Callable:
+             presampled: bool = False, recurrent: bool = False) -> Callable:
     """`act(params, obs_stats, obs, randomness) -> (action, log_prob, value)` for a batch.
 
     `randomness` holds one PRNG key per observation ([B, 2]), so an environment's
     action depends on its own key only, not on how the batch is split over
     devices. With `presampled`, it is instead the sampling noise drawn ahead from
     those keys ([B, action_dim], `distributions.sampling_noise`): the same actions.
+
+    With `recurrent` (`apply_fn` a `networks.RecurrentActorCritic`'s), it is
+    `act(params, obs_stats, obs, randomness, carry, reset) -> (action, log_prob,
+    value, carry)`: one step of the sequence, the carry zeroed first where
+    `reset` ([B] bool: an episode starts at `obs`).
     """
+
+    def pick(dist, randomness):
+        if deterministic:
+            return dist.mode()
+        if presampled:
+            return dist.sample_from_noise(randomness)
+        return jax.vmap(lambda d, k: d.sample(k))(dist, randomness)
 
     def act(params, obs_stats, obs, randomness):
         dist, value = apply_fn(params, policy_inputs(obs, obs_stats, config))
-        if deterministic:
-            action = dist.mode()
-        elif presampled:
-            action = dist.sample_from_noise(randomness)
-        else:
-            action = jax.vmap(lambda d, k: d.sample(k))(dist, randomness)
+        action = pick(dist, randomness)
         return action, dist.log_prob(action), value
 
-    return act
+    def act_recurrent(params, obs_stats, obs, randomness, carry, reset):
+        (dist, value), carry = apply_fn(params, policy_inputs(obs, obs_stats, config)[None], carry,
+                                        reset[None])
+        dist, value = jax.tree.map(lambda x: x[0], (dist, value))
+        action = pick(dist, randomness)
+        return action, dist.log_prob(action), value, carry
+
+    return act_recurrent if recurrent else act
+
+
+def episode_starts(batch: Transition) -> jax.Array:
+    """[T, B]: True where row t starts an episode within the batch (row t - 1 ended one).
+
+    Row 0 is False: the carry stored for a trajectory is the one its first row
+    was acted on with, already reset if an episode started there.
+    """
+    done = jnp.logical_or(batch.terminated, batch.truncated)
+    return jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]], axis=0)
 
 
 def random_permutation(key: jax.Array, n: int) -> jax.Array:
@@ -98,6 +122,21 @@ def _shuffle_time(tree, order: jax.Array):
     return jax.tree.map(take, tree)
 
 
+def _env_orders(key: jax.Array, env_offset, num_envs: int, minibatches: int) -> jax.Array:
+    """The environment columns of each minibatch: [minibatches, B / minibatches] local indices.
+
+    Columns are dealt out in blocks of `minibatches` consecutive global indices:
+    each block is shuffled by a key derived from its global index and its j-th
+    column goes to minibatch j. So every minibatch holds one column of every
+    block, and a batch split over any number of devices (each holding whole
+    blocks) is cut into the same minibatches as on one device.
+    """
+    blocks = num_envs // minibatches
+    block_index = env_offset // minibatches + jnp.arange(blocks)
+    perms = jax.vmap(lambda i: random_permutation(jax.random.fold_in(key, i), minibatches))(block_index)
+    return (perms + minibatches * jnp.arange(blocks)[:, None]).T
+
+
 def make_update(
     apply_fn: ApplyFn,
     optimizer: optax.GradientTransformation,
@@ -120,6 +159,14 @@ def make_update(
     steps and cuts them into `config.minibatches` minibatches of T / minibatches
     steps of every environment. After the epochs the observation statistics
     absorb the batch, so acting and learning always see the same normalisation.
+
+    A recurrent network (`networks.RecurrentActorCritic`) passes `carry`, its
+    state before each environment's first row ([B, ...] leaves):
+    `update(state, batch, bootstrap_value, key, carry)`. Minibatches then keep
+    whole environment sequences (each epoch shuffles environments, not steps,
+    `_env_orders`: B must divide by `config.minibatches`), and the loss replays
+    each sequence in order from its stored carry, zeroing it after every row
+    that ended an episode (`episode_starts`), as the actors did.
     """
     axis_names = tuple(axis_names)
 
@@ -135,8 +182,42 @@ def make_update(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), metrics
 
-    def update(state: TrainState, batch: Transition, bootstrap_value: jax.Array, key: jax.Array):
+    def recurrent_loss_fn(params, sequences):
+        samples, carry, reset = sequences
+        replay = lambda p, obs: apply_fn(p, obs, carry, reset)[0]
+        return ppo_loss(params, replay, samples, config, axis_names)
+
+    recurrent_grad_fn = jax.grad(recurrent_loss_fn, has_aux=True)
+
+    def sequence_step(carry, sequences):
+        params, opt_state = carry
+        grads, metrics = recurrent_grad_fn(parallel.vary(params, axis_names), sequences)
+        grads = parallel.pmean(grads, axis_names)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+    def recurrent_epochs(state, data, batch, initial_carry, key):
         num_steps, num_envs = batch.reward.shape
+        if num_envs % config.minibatches:
+            raise ValueError(f"{num_envs} environments do not split into {config.minibatches} minibatches")
+        env_offset = parallel.axis_offset(num_envs, axis_names)
+        sequences = (data, initial_carry, episode_starts(batch))
+
+        def epoch(carry, epoch_key):
+            order = _env_orders(epoch_key, env_offset, num_envs, config.minibatches)  # [M, B / M]
+            time_major = lambda x: jnp.moveaxis(x[:, order], 1, 0)  # [T, B] -> [M, T, B / M]
+            minibatches = (jax.tree.map(time_major, sequences[0]), jax.tree.map(lambda x: x[order], sequences[1]),
+                           time_major(sequences[2]))
+            return jax.lax.scan(sequence_step, carry, minibatches, unroll=config.unroll_minibatches)
+
+        return jax.lax.scan(epoch, (state.params, state.opt_state), jax.random.split(key, config.epochs),
+                            unroll=config.unroll_minibatches)
+
+    def update(state: TrainState, batch: Transition, bootstrap_value: jax.Array, key: jax.Array,
+               carry=None):
+        num_steps, num_envs = batch.reward.shape
+        if carry is not None:
+            return recurrent_update(state, batch, bootstrap_value, key, carry)
         if num_steps % config.minibatches:
             raise ValueError(f"rollout length {num_steps} does not split into {config.minibatches} minibatches")
         advantage, target = gae_advantages(
@@ -159,6 +240,18 @@ def make_update(
         epoch_keys = jax.random.split(key, config.epochs)
         (params, opt_state), metrics = jax.lax.scan(
             epoch, (state.params, state.opt_state), epoch_keys, unroll=config.unroll_minibatches)
+        return finish(state, batch, params, opt_state, metrics)
+
+    def recurrent_update(state, batch, bootstrap_value, key, initial_carry):
+        advantage, target = gae_advantages(
+            batch.reward, batch.value, bootstrap_value, batch.terminated, batch.truncated,
+            batch.final_value, config.gamma, config.gae_lambda)
+        data = Samples(policy_inputs(batch.obs, state.obs_stats, config), batch.action,
+                       batch.log_prob, batch.value, advantage, target)
+        (params, opt_state), metrics = recurrent_epochs(state, data, batch, initial_carry, key)
+        return finish(state, batch, params, opt_state, metrics)
+
+    def finish(state, batch, params, opt_state, metrics):
         obs_stats = state.obs_stats
         if config.normalize_observations:
             obs_stats = update_stats(obs_stats, batch.obs, axis_names)

@@ -111,7 +111,7 @@ class SebulbaLayout(NamedTuple):
 
 
 def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit,
-                num_processes: int = 1) -> SebulbaLayout:
+                num_processes: int = 1, recurrent: bool = False) -> SebulbaLayout:
     """Sizes for `split` on each of `num_processes` processes (the same split on every one).
 
     `num_envs` is global: the actor threads of every process share it evenly.
@@ -128,7 +128,10 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
         raise PodracerError(f"--async-envs steps half of each thread's {per_thread} environments "
                             f"at a time; use an even number per thread")
     # Each learner device joins its share of every actor thread's trajectory.
-    problem = ppo_config.batch_problem(config.rollout_len, threads * per_thread // learners)
+    per_learner = threads * per_thread // learners
+    problem = (ppo_config.sequence_problem(per_learner, "make --num-envs a multiple of "
+                                           f"{everywhere * learners * ppo_config.minibatches} or lower --minibatches")
+               if recurrent else ppo_config.batch_problem(config.rollout_len, per_learner))
     if problem:
         raise PodracerError(problem)
     env_batch = per_thread // 2 if config.async_envs else per_thread

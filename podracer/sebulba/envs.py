@@ -42,10 +42,24 @@ class EnvStep(NamedTuple):
     episode_length: np.ndarray  # [M] int32, meaningful where episode_done
 
 
+# Partially observable variants: id -> (envpool id, observation columns kept). Without
+# its velocities CartPole needs memory (`--network=lstm`): a feed-forward policy
+# sees positions only.
+MASKED: dict[str, tuple[str, tuple[int, ...]]] = {
+    "CartPole-NoVel-v1": ("CartPole-v1", (0, 2)),  # cart position, pole angle
+}
+
+
+def _base(env_id: str) -> str:
+    return MASKED[env_id][0] if env_id in MASKED else env_id
+
+
 @functools.lru_cache(maxsize=None)
 def _make_spec(env_id: str):
     """envpool's spec of `env_id`, made once per process (the command line's check and the run share it)."""
     import envpool
+
+    env_id = _base(env_id)
 
     known = envpool.list_all_envs()
     if env_id not in known:
@@ -75,10 +89,11 @@ def env_spec(env_id: str) -> EnvSpec:
         obs_space, action_space = spec.observation_space, spec.action_space
     discrete = hasattr(action_space, "n")
     obs_dtype = np.float32 if obs_space.dtype == np.float64 else obs_space.dtype
+    obs_shape = (len(MASKED[env_id][1]),) if env_id in MASKED else tuple(obs_space.shape)
     if discrete:
-        return EnvSpec(tuple(obs_space.shape), obs_dtype, int(action_space.n), True, None, None)
+        return EnvSpec(obs_shape, obs_dtype, int(action_space.n), True, None, None)
     shape = action_space.shape
-    return EnvSpec(tuple(obs_space.shape), obs_dtype, int(np.prod(shape)), False,
+    return EnvSpec(obs_shape, obs_dtype, int(np.prod(shape)), False,
                    np.broadcast_to(np.asarray(action_space.low, np.float32), shape),
                    np.broadcast_to(np.asarray(action_space.high, np.float32), shape))
 
@@ -96,6 +111,8 @@ class EnvPoolEnvs:
         import envpool
 
         self.spec = env_spec(env_id)
+        self._kept = np.asarray(MASKED[env_id][1]) if env_id in MASKED else None
+        env_id = _base(env_id)
         self.atari = is_atari(env_id)
         options = dict(episodic_life=True, reward_clip=True) if self.atari else {}
         with warnings.catch_warnings():
@@ -134,6 +151,8 @@ class EnvPoolEnvs:
         truncated = np.asarray(truncated, bool)
         if obs.dtype == np.float64:
             obs = obs.astype(np.float32)
+        if self._kept is not None:
+            obs = obs[:, self._kept]
         # A reset step pays 0 (in the game score too) and is no agent step.
         score = np.asarray(info["reward"], np.float32) if self.atari else reward
         episode_return = self._return[ids] + score

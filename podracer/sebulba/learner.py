@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
+from podracer.networks import is_recurrent, unflatten_carry
 from podracer.protocol import parallel
 from podracer.ppo import PPOConfig
 from podracer.ppo import make_update as ppo_make_update
@@ -24,7 +25,7 @@ from podracer.types import TrainState, Transition
 
 def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
                       ppo_config: PPOConfig, mesh: Mesh,
-                      make_update: Callable = ppo_make_update) -> Callable:
+                      make_update: Callable = ppo_make_update, network=None) -> Callable:
     """Jitted `step(state, batches, bootstrap_values, key) -> (state, metrics)`.
 
     `batches` is a tuple with one time-major Transition per actor thread, each
@@ -35,19 +36,24 @@ def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformatio
     with an `ImpalaConfig`), which averages gradients over the mesh with
     `lax.pmean`. `state` is replicated over the mesh. The metrics include
     `params_finite` (1.0 when every new parameter is finite) for the NaN guard.
+
+    For a recurrent `network` the step takes one more tuple, `carries`: each
+    trajectory's flat [N, K] initial state (`Trajectory.carry`), split like
+    its bootstrap values.
     """
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=(parallel.DATA_AXIS,))
+    recurrent = network is not None and is_recurrent(network)
 
-    def step(state: TrainState, batches: tuple[Transition, ...], bootstrap_values, key):
+    def step(state: TrainState, batches: tuple[Transition, ...], bootstrap_values, key, carries=()):
         batch = jax.tree.map(lambda *parts: jnp.concatenate(parts, axis=1), *batches)
-        state, metrics = update(state, batch, jnp.concatenate(bootstrap_values), key)
+        carry = (unflatten_carry(network, jnp.concatenate(carries)),) if recurrent else ()
+        state, metrics = update(state, batch, jnp.concatenate(bootstrap_values), key, *carry)
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]))
         return state, {**metrics, "params_finite": finite.astype(jnp.float32)}
 
-    sharded = jax.shard_map(
-        step, mesh=mesh,
-        in_specs=(P(), parallel.TIME_MAJOR_SPEC, P(parallel.DATA_AXIS), P()),
-        out_specs=(P(), P()))
+    specs = (P(), parallel.TIME_MAJOR_SPEC, P(parallel.DATA_AXIS), P())
+    sharded = jax.shard_map(step, mesh=mesh, in_specs=specs + ((P(parallel.DATA_AXIS),) if recurrent else ()),
+                            out_specs=(P(), P()))
     return jax.jit(sharded)
 
 
@@ -137,9 +143,10 @@ def run_learner(learning: Learning, state: TrainState) -> TrainState:
         if parallel.any_process(interrupted()):
             break
         with timings.measure("learner_update"):
+            carries = (tuple(t.carry for t in trajectories),) if not isinstance(trajectories[0].carry, tuple) else ()
             state, metrics = step_fn(state, tuple(t.batch for t in trajectories),
                                      tuple(t.bootstrap_value for t in trajectories),
-                                     jax.random.fold_in(key, update))
+                                     jax.random.fold_in(key, update), *carries)
             metrics = {name: float(value) for name, value in parallel.to_host(metrics).items()}
         finite = metrics.pop("params_finite", 1.0) == 1.0
         guard(finite and all(math.isfinite(v) for v in metrics.values()), update + 1)

@@ -27,7 +27,7 @@ import numpy as np
 from podracer.actor_critic import actor_critic
 from podracer.config import make_optimizer
 from podracer.data.record import ppo_policy
-from podracer.networks import init_params, make_network
+from podracer.networks import carry_width, init_params, is_recurrent, make_network
 from podracer.ppo import init_train_state
 from podracer.protocol import parallel
 from podracer.sebulba.actor import Actor, ActorSettings, make_policy_step, run_actor
@@ -71,9 +71,10 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     optim, net = configs["optimizer"], configs["network"]
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
-    layout = make_layout(sebulba, ppo_config, split, jax.process_count())
+    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
+                           net.network)
+    layout = make_layout(sebulba, ppo_config, split, jax.process_count(), is_recurrent(network))
     num_updates = max(1, math.ceil(run.total_steps / layout.steps_per_update))
-    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
     optimizer = make_optimizer(optim, num_updates * ppo_config.epochs * ppo_config.minibatches)
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
     # One jitted call: eager initialisation would compile every small op on its own.
@@ -86,8 +87,13 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     batch, bootstrap = trajectory_shapes(_column_shapes(spec, sebulba.rollout_len),
                                          layout.envs_per_thread * jax.process_count(), mesh)
     threads = layout.num_actor_threads
-    step_fn = make_learner_step(network.apply, optimizer, ppo_config, mesh, algo.make_update).lower(
-        state, (batch,) * threads, (bootstrap,) * threads, jax.random.PRNGKey(0)).compile()
+    carries = ()
+    if is_recurrent(network):  # each trajectory's initial state: flat [N, K], split like the bootstrap
+        carries = ((jax.ShapeDtypeStruct(bootstrap.shape + (carry_width(network),), np.float32,
+                                         sharding=bootstrap.sharding),) * threads,)
+    step_fn = make_learner_step(network.apply, optimizer, ppo_config, mesh, algo.make_update,
+                                network).lower(
+        state, (batch,) * threads, (bootstrap,) * threads, jax.random.PRNGKey(0), *carries).compile()
     return Setup(spec, split, layout, num_updates, network, mesh, state, step_fn,
                  time.perf_counter() - compile_start)
 
@@ -127,7 +133,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     control, timings = Control(), session.timings
     store = ParamsStore(split.actor)
     store.publish(learner["train"], first_update)  # a policy's version: the updates applied to it
-    policy_step = make_policy_step(setup.network.apply, ppo_config)
+    policy_step = make_policy_step(setup.network.apply, ppo_config, setup.network)
     queues = [queue.Queue(maxsize=1) for _ in range(layout.num_actor_threads)]
     settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous,
                              time_transfers=session.profiler is not None)
@@ -142,7 +148,8 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
                            seed=env_seed(run.seed, numbered, first_update))
         record = Actor(actor_id, envs, settings, split.actor[actor_id // sebulba.actor_threads],
                        policy_step, store, queues[actor_id], setup.mesh,
-                       jax.random.fold_in(actor_key, numbered), control, timings)
+                       jax.random.fold_in(actor_key, numbered), control, timings,
+                       carry_width(setup.network))
         actors.append(actor_thread(control, run_actor, record, actor_id, "sebulba-actor"))
 
     logger = session.start(setup.num_updates * steps, setup.compile_s)

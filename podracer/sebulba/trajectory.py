@@ -9,6 +9,13 @@ written at all: each environment's column holds only its real transitions, one
 after another, and a column continues with the next episode's first observation
 right after a row that ended an episode.
 
+A recurrent policy's state (its carry, flattened to [K] per environment) is
+recorded where each column's first row is written: the state that row was
+acted on with. The learner replays the column from it, zeroing the state after
+every row that ended an episode, as the actor did before the next episode's
+first observation (the final observation in between is acted on but not
+recorded, and its state is discarded by that reset).
+
 The value the policy computes on a final observation is kept as the
 `final_value` of the row that ended the episode, which is what GAE bootstraps
 from when that episode was truncated. The value computed on the observation
@@ -39,6 +46,7 @@ class Rollout(NamedTuple):
     bootstrap_value: np.ndarray  # [N]
     dropped_steps: int  # steps of environments that already had their T rows
     reset_steps: int  # actions on final observations, ignored by the environment
+    carry: np.ndarray | None = None  # [N, K]: a recurrent policy's state at each column's first row
 
 
 # What became of the action an environment was last sent (_UNSENT: none yet).
@@ -59,8 +67,9 @@ class TrajectoryBuilder:
     """
 
     def __init__(self, rollout_len: int, num_envs: int, obs_shape: Sequence[int], obs_dtype,
-                 action_shape: Sequence[int], action_dtype):
+                 action_shape: Sequence[int], action_dtype, carry_width: int = 0):
         self.rollout_len = rollout_len
+        self.carry_width = carry_width
         self.num_envs = num_envs
         self._shapes = dict(obs=(tuple(obs_shape), obs_dtype), action=(tuple(action_shape), action_dtype))
         self._fill = np.zeros(num_envs, np.int64)  # rows written per environment
@@ -84,6 +93,7 @@ class TrajectoryBuilder:
         self._log_prob = np.zeros(rows, np.float32)
         self._final_value = np.zeros(rows, np.float32)
         self._bootstrap = np.zeros(self.num_envs + 1, np.float32)  # [N] is the spare slot
+        self._carry = np.zeros((self.num_envs + 1, self.carry_width), np.float32)  # [N] spare
         self._fill[:] = 0
         self._complete[:] = False
         self._counts = np.zeros(4, np.int64)  # results per fate, this trajectory
@@ -102,8 +112,12 @@ class TrajectoryBuilder:
         self._counts += np.bincount(self._fate[env_ids], minlength=4)
 
     def record_actions(self, env_ids: np.ndarray, obs: np.ndarray, obs_is_final: np.ndarray,
-                       action: np.ndarray, log_prob: np.ndarray, value: np.ndarray) -> None:
-        """The policy's output on `obs`; `obs_is_final` where `obs` ended an episode."""
+                       action: np.ndarray, log_prob: np.ndarray, value: np.ndarray,
+                       carry: np.ndarray | None = None) -> None:
+        """The policy's output on `obs`; `obs_is_final` where `obs` ended an episode.
+
+        `carry` [M, K]: a recurrent policy's state it acted on `obs` with.
+        """
         t, n = self.rollout_len, self.num_envs
         fill = self._fill[env_ids]
         open_ = ~self._complete[env_ids]
@@ -117,6 +131,8 @@ class TrajectoryBuilder:
         write = open_ & ~obs_is_final & (fill < t)
         row = np.where(write, fill, t)
         flat = row * n + env_ids
+        if carry is not None:
+            self._carry[np.where(write & (fill == 0), env_ids, n)] = carry
         self._obs[flat] = obs
         self._action[flat] = action
         self._log_prob[flat] = log_prob
@@ -134,6 +150,7 @@ class TrajectoryBuilder:
         batch = Transition(column(self._obs), column(self._action), column(self._reward),
                            column(self._terminated), column(self._truncated), column(self._value),
                            column(self._log_prob), column(self._final_value))
-        rollout = Rollout(batch, self._bootstrap[:n], int(self._counts[_DROPPED]), int(self._counts[_RESET]))
+        rollout = Rollout(batch, self._bootstrap[:n], int(self._counts[_DROPPED]), int(self._counts[_RESET]),
+                          self._carry[:n] if self.carry_width else None)
         self._new_buffers()
         return rollout

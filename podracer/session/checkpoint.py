@@ -71,12 +71,19 @@ def config_record(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for section, cfg in configs.items()}
 
 
+# Settings added after checkpoints were already being written: an older checkpoint
+# that lacks one was made with this value.
+ADDED_SETTINGS = {("network", "network"): "mlp"}
+
+
 def config_differences(saved: dict, current: dict) -> list[str]:
     """`--flag` names whose values differ in ways a resumed run cannot absorb."""
     differing = []
     for section in sorted(set(saved) | set(current)):
         old, new = saved.get(section, {}), current.get(section, {})
         for name in sorted(set(old) | set(new)):
+            if name not in old and (section, name) in ADDED_SETTINGS:
+                old = {**old, name: ADDED_SETTINGS[(section, name)]}
             if (section, name) not in RESUMABLE_CHANGES and old.get(name) != new.get(name):
                 differing.append(f"--{name.replace('_', '-')} ({old.get(name)!r} saved, {new.get(name)!r} now)")
     return differing
