@@ -300,6 +300,15 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     a custom `init / ask / tell` whose state has the flat policy parameters in
     `mean`; its population must be `config.population`.
     """
+    parts, step = _make_step(env, policy, config, mesh, strategy)
+    everywhere = parallel.replicated(mesh)
+    return (jax.jit(parts.init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
+            jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
+
+
+def _make_step(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+               strategy: es.Strategy | None = None):
+    """`make_anakin_es`'s parts and its step, not jitted (a population vmaps it)."""
     parts = _make_parts(env, policy, config, mesh, strategy)
     member_fitness, pair_fitness = parts.member_fitness, parts.pair_fitness
     if config.normalize_observations:
@@ -325,8 +334,42 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
                        params_finite=jnp.all(jnp.isfinite(state.mean)))  # the NaN guard's
         return ESRunner(state, obs_stats, key), metrics
 
+    return parts, step
+
+
+class ESPopulationRunner(NamedTuple):
+    """An `ESRunner` per agent, stacked on a leading axis [A, ...], and the agents' swept settings."""
+
+    strategy: Any
+    obs_stats: RunningStats
+    key: jax.Array
+    hparams: dict  # swept setting -> [A] float32
+
+
+def make_anakin_es_population(env: GymnaxEnv, policy: nn.Module, config_for: Callable, mesh: Mesh):
+    """Jitted `init(keys [A], hparams) -> runner` and `step(runner) -> (runner, metrics [A, ...])`.
+
+    Every agent runs `make_anakin_es`'s step with the ES config `config_for(hparams)`
+    (its swept settings traced), vmapped over the agents; each generation's
+    population is split over the devices as for one agent.
+    """
+    parts, _ = _make_step(env, policy, config_for({}), mesh)
+
+    def init(keys, hparams):
+        # One agent after the other: batched initialisers' QR runs as a parallel map on
+        # XLA:CPU's thread pool, which can deadlock with several devices' programs.
+        return ESPopulationRunner(*jax.lax.map(parts.init, keys), hparams)
+
+    def step(runner: ESPopulationRunner):
+        def one(agent, hparams):
+            return _make_step(env, policy, config_for(hparams), mesh)[1](agent)
+
+        agents, metrics = jax.vmap(one)(ESRunner(runner.strategy, runner.obs_stats, runner.key),
+                                        runner.hparams)
+        return ESPopulationRunner(*agents, runner.hparams), metrics
+
     everywhere = parallel.replicated(mesh)
-    return (jax.jit(parts.init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
+    return (jax.jit(init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
             jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
 
 

@@ -24,6 +24,7 @@ from podracer.orchestrate.distributed import DistConfig
 from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
 from podracer.ppo.config import PPOConfig
 from podracer.vtrace.config import ImpalaConfig
+from podracer import population
 from podracer.population import PopulationConfig, parse_sweeps
 from podracer.presets import preset_for
 from podracer.sebulba.config import SebulbaConfig
@@ -129,6 +130,11 @@ def parse(argv: Sequence[str]) -> Parsed:
         except ValueError as err:
             raise PodracerError(str(err)) from None
     parse_sweeps(configs["population"].sweep, configs)  # a bad --sweep is one line, before anything runs
+    data = configs["data"]
+    if population.is_population(configs) and (data.record_dataset or data.init_from_dataset):
+        flag = "--record-dataset" if data.record_dataset else "--init-from-dataset"
+        raise PodracerError(f"{flag} works with one agent, not a population (--num-seeds, --sweep); "
+                            f"record one agent's policy from a run of its own")
     if configs["logging"].wandb and importlib.util.find_spec("wandb") is None:
         raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb")
     return Parsed(configs, given, chosen, print_config)
