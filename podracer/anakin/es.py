@@ -337,42 +337,6 @@ def _make_step(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
     return parts, step
 
 
-class ESPopulationRunner(NamedTuple):
-    """An `ESRunner` per agent, stacked on a leading axis [A, ...], and the agents' swept settings."""
-
-    strategy: Any
-    obs_stats: RunningStats
-    key: jax.Array
-    hparams: dict  # swept setting -> [A] float32
-
-
-def make_anakin_es_population(env: GymnaxEnv, policy: nn.Module, config_for: Callable, mesh: Mesh):
-    """Jitted `init(keys [A], hparams) -> runner` and `step(runner) -> (runner, metrics [A, ...])`.
-
-    Every agent runs `make_anakin_es`'s step with the ES config `config_for(hparams)`
-    (its swept settings traced), vmapped over the agents; each generation's
-    population is split over the devices as for one agent.
-    """
-    parts, _ = _make_step(env, policy, config_for({}), mesh)
-
-    def init(keys, hparams):
-        # One agent after the other: batched initialisers' QR runs as a parallel map on
-        # XLA:CPU's thread pool, which can deadlock with several devices' programs.
-        return ESPopulationRunner(*jax.lax.map(parts.init, keys), hparams)
-
-    def step(runner: ESPopulationRunner):
-        def one(agent, hparams):
-            return _make_step(env, policy, config_for(hparams), mesh)[1](agent)
-
-        agents, metrics = jax.vmap(one)(ESRunner(runner.strategy, runner.obs_stats, runner.key),
-                                        runner.hparams)
-        return ESPopulationRunner(*agents, runner.hparams), metrics
-
-    everywhere = parallel.replicated(mesh)
-    return (jax.jit(init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
-            jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
-
-
 class ESPhases(NamedTuple):
     """One `make_anakin_es` step as separate jitted programs (profile mode), all replicated."""
 

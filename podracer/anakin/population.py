@@ -1,4 +1,4 @@
-"""Anakin populations: many actor-critic agents vmapped inside the one sharded program.
+"""Anakin populations: many agents (actor-critic or ES) vmapped inside the one sharded program.
 
 Every agent is a `RunnerState` of its own (key, parameters, optimizer state,
 environments), stacked along a leading agent axis, with its swept settings
@@ -8,7 +8,8 @@ vmaps one agent's `updates_per_call` updates (the `_make_steps` of
 is a multiple of the device count, agents are split over the devices (each
 device steps all environments of its agents, and no collective runs);
 otherwise every device holds every agent and the environments are split as for
-one agent, gradients averaged with `pmean`.
+one agent, gradients averaged with `pmean`. ES agents are replicated, each
+generation's members split over the devices as for one agent.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from typing import Any, Callable, NamedTuple
 import jax
 from jax.sharding import Mesh, PartitionSpec as P
 
+import flax.linen as nn
+
+from podracer.anakin.env import GymnaxEnv
+from podracer.anakin.es import ESRunner, _make_step
 from podracer.anakin.loop import AnakinConfig, Experience, RunnerState
+from podracer.normalize import RunningStats
 from podracer.protocol import parallel
 
 
@@ -123,3 +129,39 @@ def make_anakin_population_phases(steps_for: StepsFor, mesh: Mesh, sharded: bool
     learn_sharded = jax.jit(jax.shard_map(learn, mesh=mesh, in_specs=(runner_specs.train, carried),
                                           out_specs=(runner_specs.train, metric_specs), check_vma=check))
     return act_sharded, learn_sharded
+
+
+class ESPopulationRunner(NamedTuple):
+    """An `ESRunner` per agent, stacked on a leading axis [A, ...], and the agents' swept settings."""
+
+    strategy: Any
+    obs_stats: RunningStats
+    key: jax.Array
+    hparams: dict  # swept setting -> [A] float32
+
+
+def make_anakin_es_population(env: GymnaxEnv, policy: nn.Module, config_for: Callable, mesh: Mesh):
+    """Jitted `init(keys [A], hparams) -> runner` and `step(runner) -> (runner, metrics [A, ...])`.
+
+    Every agent runs `make_anakin_es`'s step with the ES config `config_for(hparams)`
+    (its swept settings traced), vmapped over the agents; each generation's
+    population is split over the devices as for one agent.
+    """
+    parts, _ = _make_step(env, policy, config_for({}), mesh)
+
+    def init(keys, hparams):
+        # One agent after the other: batched initialisers' QR runs as a parallel map on
+        # XLA:CPU's thread pool, which can deadlock with several devices' programs.
+        return ESPopulationRunner(*jax.lax.map(parts.init, keys), hparams)
+
+    def step(runner: ESPopulationRunner):
+        def one(agent, hparams):
+            return _make_step(env, policy, config_for(hparams), mesh)[1](agent)
+
+        agents, metrics = jax.vmap(one)(ESRunner(runner.strategy, runner.obs_stats, runner.key),
+                                        runner.hparams)
+        return ESPopulationRunner(*agents, runner.hparams), metrics
+
+    everywhere = parallel.replicated(mesh)
+    return (jax.jit(init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
+            jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer import population
-from podracer.anakin.es import (make_anakin_es, make_anakin_es_phases, make_anakin_es_population,
-                                make_es_layout)
+from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
+from podracer.anakin.population import make_anakin_es_population
 from podracer.data.record import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.es.metrics import ES_FIX, es_row
