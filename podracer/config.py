@@ -24,10 +24,10 @@ ALGOS = ("ppo", "impala", "es")
 # nothing is silently ignored.
 USES: dict[tuple[str, str], tuple[str, ...]] = {
     ("anakin", "ppo"): ("run", "ppo", "anakin", "optimizer", "network", "checkpoint", "distributed",
-                        "logging", "data"),
+                        "logging", "data", "population"),
     ("anakin", "impala"): ("run", "impala", "anakin", "optimizer", "network", "checkpoint", "distributed",
-                           "logging", "data"),
-    ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging", "data"),
+                           "logging", "data", "population"),
+    ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging", "data", "population"),
     ("sebulba", "ppo"): ("run", "ppo", "sebulba", "optimizer", "network", "checkpoint", "distributed",
                          "logging", "data"),
     ("sebulba", "impala"): ("run", "impala", "sebulba", "optimizer", "network", "checkpoint",
@@ -55,7 +55,9 @@ IGNORES: dict[tuple[str, str], dict[str, str]] = {
 def used_configs(configs: dict[str, Any]) -> dict[str, Any]:
     """The sections of `configs` that its (arch, algo) pair reads, in their order."""
     run = configs["run"]
-    return {name: cfg for name, cfg in configs.items() if name in USES[(run.arch, run.algo)]}
+    return {name: cfg for name, cfg in configs.items() if name in USES[(run.arch, run.algo)]
+            # A run of one agent (the default) records no population section, as before populations.
+            and not (name == "population" and not (cfg.num_seeds > 1 or cfg.sweep))}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,12 +81,13 @@ def main(argv) -> int:
     from podracer.policy import EvalConfig, load_policy, run_config_of
 
     config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")
-    act = load_policy(config.run_dir, config.deterministic)
+    act = load_policy(config.run_dir, config.deterministic, None if config.agent < 0 else config.agent)
     run = run_config_of(config.run_dir)["run"]
     returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
     returns = returns_of(act, run["env"], config.episodes, config.seed)
     print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
-    print(json.dumps({"env": run["env"], "episodes": len(returns), "episode_return_mean": float(returns.mean()),
+    print(json.dumps({"env": run["env"], **({"agent": config.agent} if config.agent >= 0 else {}),
+                      "episodes": len(returns), "episode_return_mean": float(returns.mean()),
                       "episode_return_std": float(returns.std())}))
     sys.stdout.flush()
     return 0

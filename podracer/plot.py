@@ -143,6 +143,35 @@ def _band(curves: list[dict[str, np.ndarray]], x_key: str, y_key: str):
     return grid, ys.mean(0), ys.min(0), ys.max(0)
 
 
+def read_population(run_dir: str, key: str) -> dict[str, np.ndarray]:
+    """A population run's curves: `agents` [A, rows] of `key` (NaN where none), `iqm`, `low`, `high`."""
+    rows = [row for row in _rows(run_dir) if isinstance(row.get("agents"), list)]
+    value = lambda v: np.nan if v is None else v
+    ci = [row.get(f"{key}_iqm_ci") or [None, None] for row in rows]
+    return {"env_steps": np.asarray([row["env_steps"] for row in rows], float),
+            "wall_s": np.asarray([row.get("wall_s", np.nan) for row in rows], float),
+            "agents": np.asarray([[value(a.get(key)) for a in row["agents"]] for row in rows], float).T,
+            "iqm": np.asarray([value(row.get(f"{key}_iqm")) for row in rows], float),
+            "low": np.asarray([value(c[0]) for c in ci], float),
+            "high": np.asarray([value(c[1]) for c in ci], float)}
+
+
+def _population(axes, run_dir: str, headline: Curve, y_label: str) -> None:
+    """Each agent of a population thinly, and the IQM over agents with its 95% bootstrap CI band."""
+    curves = read_population(run_dir, headline.y_key)
+    for ax, x_key, x_label in ((axes[0], "env_steps", "environment steps"),
+                               (axes[1], "wall_s", "wall time (s)")):
+        x = curves[x_key]
+        (line,) = ax.plot(x, curves["iqm"], linewidth=2,
+                          label=f"{headline.label}: IQM of {len(curves['agents'])} agents, 95% CI")
+        ax.fill_between(x, curves["low"], curves["high"], color=line.get_color(), alpha=0.25)
+        for agent in curves["agents"]:
+            ax.plot(x, agent, color=line.get_color(), linewidth=0.5, alpha=0.4)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        ax.grid(alpha=0.3)
+
+
 def figure(run_dirs: list[str]):
     """The plot as a matplotlib `Figure` (not registered with pyplot, so nothing to close)."""
     from matplotlib.figure import Figure
@@ -154,6 +183,10 @@ def figure(run_dirs: list[str]):
     fig = Figure(figsize=(6 * panels, 4.5))
     axes = fig.subplots(1, panels)
     for group in groups:
+        if any(isinstance(row.get("agents"), list) for row in _rows(group.run_dirs[0])):
+            for run_dir in group.run_dirs:
+                _population(axes, run_dir, group.headline, y_label)
+            continue
         headline = [read_curve(d, group.headline.y_key) for d in group.run_dirs]
         companion = [read_curve(d, group.companion.y_key) for d in group.run_dirs] if group.companion else []
         for ax, x_key, x_label in ((axes[0], "env_steps", "environment steps"),

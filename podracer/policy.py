@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from podracer.session import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                          restore_on_host)
-from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
+from podracer.bounds import NON_NEGATIVE, POSITIVE, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
 
@@ -151,7 +151,25 @@ def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -
     return act
 
 
-def load_policy(run_dir: str, deterministic: bool = False) -> Callable:
+def select_agent(run_dir: str, configs: dict[str, Any], state: dict[str, Any], agent: int | None):
+    """The state of agent `agent` of a population run (leading axis of every array); a run of
+    one agent's own state. One-line errors for a missing or impossible `agent`."""
+    population = configs.get("population")
+    if not population:
+        if agent not in (None, 0):
+            raise PodracerError(f"{run_dir} trained one agent; drop agent={agent} (--agent)")
+        return state
+    num_agents = len(jax.tree.leaves(state)[0])
+    if agent is None:
+        raise PodracerError(f"{run_dir} trained a population of {num_agents} agents; pick one with "
+                            f"agent=I (--agent=I), 0 <= I < {num_agents} (summary.json lists them)")
+    if not 0 <= agent < num_agents:
+        raise PodracerError(f"agent={agent} is not in the population of {num_agents} agents of {run_dir}; "
+                            f"use 0 <= I < {num_agents}")
+    return jax.tree.map(lambda x: x[agent], state)
+
+
+def load_policy(run_dir: str, deterministic: bool = False, agent: int | None = None) -> Callable:
     """A pure, jittable `act(obs, key) -> actions` from the run's latest checkpoint.
 
     `run_dir` is a local directory or `gs://bucket/path`.
@@ -160,10 +178,13 @@ def load_policy(run_dir: str, deterministic: bool = False) -> Callable:
     [B, ...] as the run's environment yields them (gymnax for Anakin, envpool
     for Sebulba). For PPO, `deterministic=True` takes the most likely (or mean)
     action instead of a sample; an ES run acts with the mean of its search
-    distribution, deterministically, as its evaluation episodes did.
+    distribution, deterministically, as its evaluation episodes did. A
+    population run (`--num-seeds`, `--sweep`) holds many agents: `agent` picks
+    one (its index in summary.json's `agents`).
     """
     meta, state = read_run(run_dir)
     configs = meta["config"]
+    state = select_agent(run_dir, configs, state, agent)
     arch, algo = configs["run"]["arch"], configs["run"]["algo"]
     spec = env_spec_of(arch, configs["run"]["env"])
     if algo in ("ppo", "impala"):
@@ -191,6 +212,8 @@ class EvalConfig:
     """Seed for the environments and sampled actions."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""
+    agent: int = bounded(-1, Bound(-1))
+    """The agent of a population run to evaluate (its index in summary.json's agents); -1: the run's only agent."""
 
     def __post_init__(self):
         check_bounds(self)

@@ -300,6 +300,15 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     a custom `init / ask / tell` whose state has the flat policy parameters in
     `mean`; its population must be `config.population`.
     """
+    parts, step = _make_step(env, policy, config, mesh, strategy)
+    everywhere = parallel.replicated(mesh)
+    return (jax.jit(parts.init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
+            jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
+
+
+def _make_step(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
+               strategy: es.Strategy | None = None):
+    """`make_anakin_es`'s parts and its step, not jitted (a population vmaps it)."""
     parts = _make_parts(env, policy, config, mesh, strategy)
     member_fitness, pair_fitness = parts.member_fitness, parts.pair_fitness
     if config.normalize_observations:
@@ -325,9 +334,7 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
                        params_finite=jnp.all(jnp.isfinite(state.mean)))  # the NaN guard's
         return ESRunner(state, obs_stats, key), metrics
 
-    everywhere = parallel.replicated(mesh)
-    return (jax.jit(parts.init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
-            jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
+    return parts, step
 
 
 class ESPhases(NamedTuple):

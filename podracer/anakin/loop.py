@@ -59,10 +59,15 @@ class AnakinLayout(NamedTuple):
 
 
 def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh,
-                recurrent: bool = False) -> AnakinLayout:
+                recurrent: bool = False, agents_sharded: bool = False) -> AnakinLayout:
+    """`recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
+    population's agents are split over the devices, each agent's environments all on
+    its own device (`podracer.anakin.population`)."""
     num_devices = mesh.devices.size
-    envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
-    fix = f"make --num-envs a multiple of {ppo_config.minibatches * num_devices} or lower --minibatches"
+    envs_per_device = config.num_envs if agents_sharded else parallel.split_evenly(
+        config.num_envs, num_devices, "environments", "--num-envs")
+    multiple = ppo_config.minibatches * (1 if agents_sharded else num_devices)
+    fix = f"make --num-envs a multiple of {multiple} or lower --minibatches"
     problem = (ppo_config.sequence_problem(envs_per_device, fix) if recurrent
                else ppo_config.batch_problem(config.rollout_len, envs_per_device))
     if problem:
@@ -118,11 +123,13 @@ class Experience(NamedTuple):
 
 def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation,
                 ppo_config: PPOConfig, config: AnakinConfig, mesh: Mesh,
-                make_update: Callable = ppo_make_update):
+                make_update: Callable = ppo_make_update, agents_sharded: bool = False):
     """Per-device `init(key)`, `act(runner) -> (runner, experience)` and `learn(train, experience)`.
 
     `make_update` builds the learner's update from `ppo_config` (PPO's, or any
     with its signature: `podracer.vtrace.make_update` with an `ImpalaConfig`).
+    With `agents_sharded` (a population split over the devices) each device
+    holds whole agents: every environment of an agent, and no collectives.
 
     One update is `act` then `learn`; Anakin fuses them into one program,
     profile mode compiles them apart. Returns them with the mesh axes they use.
@@ -130,10 +137,10 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
     recurrent = is_recurrent(network)
     if recurrent and make_update is not ppo_make_update:
         raise PodracerError("--network=lstm/gru trains with --algo=ppo only; use --network=mlp for this algorithm")
-    layout = make_layout(config, ppo_config, mesh, recurrent)
+    layout = make_layout(config, ppo_config, mesh, recurrent, agents_sharded)
     # On one device there is nothing to average: no collectives at all (XLA keeps
     # even single-participant all-reduces, and each costs a rendezvous).
-    axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 else ()
+    axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 and not agents_sharded else ()
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
     act_fn = make_act(apply_fn, ppo_config, presampled=True, recurrent=recurrent)

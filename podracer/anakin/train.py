@@ -12,15 +12,18 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
-from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
+from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
+from podracer.anakin.population import make_anakin_population, make_anakin_population_phases
 from podracer.actor_critic import actor_critic
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
 from podracer.data.record import ppo_policy
+from podracer import population
 from podracer.networks import is_recurrent, make_network
 from podracer.protocol import parallel
 from podracer.session.session import RunSession
@@ -43,24 +46,59 @@ def _interval_metrics(metrics) -> dict:
 
 
 def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
-    """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases."""
+    """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases.
+
+    A population (`podracer.population`) gets the same per-agent steps, vmapped
+    over its agents (`podracer.anakin.population`); its `init` ignores the key
+    it is given (each agent has its own seed).
+    """
     run, anakin = configs["run"], configs["anakin"]
     algo, ppo_config = actor_critic(configs)
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
+    members = population.agents(configs)
+    sharded = population.check_agents(len(members), mesh.devices.size)
     net = configs["network"]
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                            net.hidden, net.activation, net.network)
-    layout = make_layout(anakin, ppo_config, mesh, is_recurrent(network))
+    layout = make_layout(anakin, ppo_config, mesh, is_recurrent(network), sharded)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     num_updates = num_calls * anakin.updates_per_call
-    optimizer = make_optimizer(configs["optimizer"],
-                               num_updates * ppo_config.epochs * ppo_config.minibatches)
+    optimizer_steps = num_updates * ppo_config.epochs * ppo_config.minibatches
+    if population.is_population(configs):
+        return _build_population(configs, env, network, layout, mesh, members, sharded,
+                                 Calls(0, num_calls, steps_per_call), optimizer_steps, profile)
+    optimizer = make_optimizer(configs["optimizer"], optimizer_steps)
     init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
     phases = (make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
               if profile else None)
     return Program(env, network, layout, Calls(0, num_calls, steps_per_call), init, train, phases)
+
+
+def _build_population(configs, env, network, layout, mesh, members, sharded, calls, optimizer_steps,
+                      profile) -> Program:
+    """`build`'s program for a population: one agent's steps with its settings, vmapped over agents."""
+    algo, _ = actor_critic(configs)
+
+    def steps_for(hparams, agents_sharded):
+        agent = population.configs_for(configs, hparams)  # its swept settings: traced scalars
+        optimizer = make_optimizer(agent["optimizer"], optimizer_steps)
+        return _make_steps(env, network, optimizer, agent[algo.name], configs["anakin"], mesh,
+                           algo.make_update, agents_sharded)
+
+    init, train = make_anakin_population(steps_for, configs["anakin"], mesh, sharded)
+    keys = jnp.stack([jax.random.PRNGKey(m.seed) for m in members])
+    hparams = {k: jnp.asarray(v) for k, v in population.hyperparameters(members).items()}
+    phases = make_anakin_population_phases(steps_for, mesh, sharded) if profile else None
+    return Program(env, network, layout, calls, lambda _key: init(keys, hparams), train, phases)
+
+
+def _agent_rows(metrics, num_agents: int, agent_axis: int) -> list[dict]:
+    """One call's metrics [A, U, ...] (profile mode: [U, A, ...]) as one log row per agent."""
+    metrics = parallel.to_host(metrics)
+    return [_interval_metrics(jax.tree.map(lambda x: np.take(x, i, axis=agent_axis), metrics))
+            for i in range(num_agents)]
 
 
 def train_actor_critic(configs: dict[str, Any], devices=None):
@@ -79,8 +117,11 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
-    runner = runner._replace(train=session.warm_start(runner.train, built.env.spec, built.network,
-                                                      ppo_config))
+    members = population.agents(configs)
+    pop_log = session.population_log(members) if population.is_population(configs) else None
+    if pop_log is None:
+        runner = runner._replace(train=session.warm_start(runner.train, built.env.spec, built.network,
+                                                          ppo_config))
     compile_start = time.perf_counter()
     if session.profiler:
         train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
@@ -90,12 +131,17 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
 
     def record(call: int, metrics) -> None:
-        row = _interval_metrics(metrics)
+        if pop_log is None:
+            row = _interval_metrics(metrics)
+        else:
+            row = pop_log.row(_agent_rows(metrics, len(members), 1 if session.profiler else 0))
         env_steps = (call + 1) * calls.steps_per_call
         session.check_finite(row.pop("finite"), f"update {(call + 1) * updates_per_call}", env_steps,
                              algo.fix)
         row.update(env_steps=env_steps,
                    sps=(call + 1 - calls.start) * calls.steps_per_call / session.elapsed())
+        if pop_log is not None:
+            row["population_sps"] = row["sps"] * len(members)
         session.log(row)
 
     outcome = run_calls(session, train, runner, calls, record, NOTE if session.profiler else None)
@@ -105,7 +151,8 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
         episode_return_mean=session.logger.last_return,
         fingerprint_of=outcome.runner.train.params,
         devices={"devices": built.layout.num_devices},
-        extra={"updates": outcome.calls * updates_per_call},
+        extra={"updates": outcome.calls * updates_per_call,
+               **(session.population_summary(pop_log) if pop_log else {})},
         stopped=outcome.stopped,
         policy=lambda: ppo_policy(outcome.runner.train, built.network.apply, ppo_config,
                                   session.data.record_deterministic, algo.name))

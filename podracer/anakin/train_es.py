@@ -11,10 +11,13 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
+from podracer import population
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
+from podracer.anakin.population import make_anakin_es_population
 from podracer.data.record import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.es.metrics import ES_FIX, es_row
@@ -32,9 +35,31 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                                  net.hidden, net.activation)
+    if population.is_population(configs):
+        # One agent's step with its settings, vmapped over the agents. Profile mode times
+        # the fused step as one phase (`population_step`): its phases are not split.
+        members = population.agents(configs)
+        init, step = make_anakin_es_population(
+            env, policy, lambda hparams: population.configs_for(configs, hparams)["es"], mesh)
+        keys = jnp.stack([jax.random.PRNGKey(m.seed) for m in members])
+        hparams = {k: jnp.asarray(v) for k, v in population.hyperparameters(members).items()}
+        return Program(env, policy, layout, Calls(0, num_calls, steps_per_call),
+                       lambda _key: init(keys, hparams), step, None)
     init, step = make_anakin_es(env, policy, es_config, mesh)
     phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
     return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
+
+
+def _profiled_whole(step, measure):
+    """A population's fused step, timed as one phase (`population_step`) in profile mode."""
+
+    def timed(runner):
+        with measure("population_step"):
+            runner, metrics = jax.block_until_ready(step(runner))
+        with measure("metrics_to_host"):
+            return runner, parallel.to_host(metrics)
+
+    return timed
 
 
 def train_es(configs: dict[str, Any], devices=None):
@@ -59,8 +84,13 @@ def train_es(configs: dict[str, Any], devices=None):
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
+    members = population.agents(configs)
+    pop_log = (session.population_log(members, "mean_params_return")
+               if population.is_population(configs) else None)
     compile_start = time.perf_counter()
-    if session.profiler:
+    if session.profiler and pop_log is not None:
+        step = _profiled_whole(built.step.lower(runner).compile(), session.measure)
+    elif session.profiler:
         step = make_profiled_es_step(compile_es_phases(built.phases, runner), session.measure)
     else:
         step = built.step.lower(runner).compile()
@@ -68,7 +98,11 @@ def train_es(configs: dict[str, Any], devices=None):
     last_row: dict = {}
 
     def record(call: int, metrics) -> None:
-        row = es_row(metrics)
+        if pop_log is None:
+            row = es_row(metrics)
+        else:
+            host = parallel.to_host(metrics)
+            row = pop_log.row([es_row(jax.tree.map(lambda x: x[i], host)) for i in range(len(members))])
         done, elapsed = call + 1 - calls.start, session.elapsed()
         generations = (call + 1) * generations_per_call
         env_steps = (call + 1) * calls.steps_per_call
@@ -76,6 +110,8 @@ def train_es(configs: dict[str, Any], devices=None):
         row.update(env_steps=env_steps, generations=generations,
                    sps=done * calls.steps_per_call / elapsed,
                    generations_per_s=done * generations_per_call / elapsed)
+        if pop_log is not None:
+            row["population_sps"] = row["sps"] * len(members)
         session.log(row)
         last_row.update(row)
 
@@ -96,7 +132,8 @@ def train_es(configs: dict[str, Any], devices=None):
                                   if session.train_s > 0 and new_calls else None),
             "population": es_config.population,
             "horizon": built.layout.horizon,
-            "num_params": int(strategy.mean.shape[0]),
+            "num_params": int(strategy.mean.shape[-1]),
+            **(session.population_summary(pop_log) if pop_log else {}),
         },
         stopped=outcome.stopped,
         policy=lambda: es_policy(strategy.mean, outcome.runner.obs_stats, es_config, configs["network"],

@@ -64,7 +64,12 @@ class Strategy(NamedTuple):
 
 
 def check_positive(value: float, name: str) -> None:
-    """One-line error unless `value > 0`."""
+    """One-line error unless `value > 0` (a traced value, a population's per-agent setting, was checked
+    on the host: `podracer.population.parse_sweeps`)."""
+    import jax
+
+    if isinstance(value, jax.core.Tracer):
+        return
     if not value > 0:
         raise PodracerError(f"{name} must be positive, got {value}")
 

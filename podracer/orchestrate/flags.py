@@ -71,6 +71,10 @@ def _module_field_docs(path: str) -> dict[str, dict[str, str]]:
     return classes
 
 
+# Tuple flags that may be given several times, each adding its values (`--sweep A=1,2 --sweep B=3,4`).
+REPEATABLE = frozenset({"sweep"})
+
+
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -133,7 +137,9 @@ def add_fields(parser: argparse.ArgumentParser, sections: dict[str, type],
                 element = typing.get_args(kind)[0]
                 group.add_argument(flag_name(field.name), dest=field.name, default=None, nargs="+",
                                    type=_typed(element), metavar=element.__name__.upper(),
-                                   help=help_text)
+                                   help=help_text,
+                                   # repeatable flags gather every use; the others keep the last
+                                   action="extend" if field.name in REPEATABLE else "store")
             else:
                 choices = {"arch": run_config.ARCHS, "algo": run_config.ALGOS,
                            "variant": VARIANTS}.get(field.name)

@@ -24,6 +24,8 @@ from podracer.orchestrate.distributed import DistConfig
 from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
 from podracer.ppo.config import PPOConfig
 from podracer.vtrace.config import ImpalaConfig
+from podracer import population
+from podracer.population import PopulationConfig, parse_sweeps
 from podracer.presets import preset_for
 from podracer.sebulba.config import SebulbaConfig
 from podracer.session.checkpoint import CheckpointConfig, config_record
@@ -43,6 +45,7 @@ SECTIONS: dict[str, type] = {
     "distributed": DistConfig,
     "logging": run_config.LogConfig,
     "data": DataConfig,
+    "population": PopulationConfig,
 }
 
 
@@ -127,6 +130,12 @@ def parse(argv: Sequence[str]) -> Parsed:
         except ValueError as err:
             raise PodracerError(str(err)) from None
     _refuse_recurrent(configs)
+    parse_sweeps(configs["population"].sweep, configs)  # a bad --sweep is one line, before anything runs
+    data = configs["data"]
+    if population.is_population(configs) and (data.record_dataset or data.init_from_dataset):
+        flag = "--record-dataset" if data.record_dataset else "--init-from-dataset"
+        raise PodracerError(f"{flag} works with one agent, not a population (--num-seeds, --sweep); "
+                            f"record one agent's policy from a run of its own")
     if configs["logging"].wandb and importlib.util.find_spec("wandb") is None:
         raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb")
     return Parsed(configs, given, chosen, print_config)
@@ -138,6 +147,10 @@ def _refuse_unused(given: dict[str, Any], pair: tuple[str, str]) -> None:
     for name in given:
         sections = [section for section, cls in SECTIONS.items()
                     if name in {field.name for field in dataclasses.fields(cls)}]
+        if sections == ["population"] and pair[0] == "sebulba":
+            raise PodracerError(f"{flag_name(name)}: populations train on --arch=anakin only (Sebulba's actor "
+                                f"threads and envpool batches act for one learner's policy; start one "
+                                f"Sebulba run per seed); drop it or use --arch=anakin")
         if not any(section in run_config.USES[pair] for section in sections):
             raise PodracerError(f"{flag_name(name)} is a {sections[0]} setting, which --arch={pair[0]} "
                                 f"--algo={pair[1]} does not use; drop it")

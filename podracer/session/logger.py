@@ -220,6 +220,10 @@ class RunLogger:
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_steps"}
         for key, value in scalars.items():
             self._tensorboard.add_scalar(f"podracer/{key}", value, metrics["env_steps"])
+        for i, agent in enumerate(metrics.get("agents") or ()):  # a population: a series per agent
+            for key, value in agent.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tensorboard.add_scalar(f"agent_{i}/{key}", value, metrics["env_steps"])
         if self._wandb is not None:
             self._wandb.log(scalars, step=metrics["env_steps"])
         if self.staging.remote and (self._last_sync is None or clock() - self._last_sync >= SYNC_INTERVAL_S):
@@ -291,7 +295,11 @@ class RunLogger:
             width = max(len(key) for key in summary)
             self.stream.write("summary\n" + "".join(
                 f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()
-                if key not in ("profile", "config")))
+                if key not in ("profile", "config", "agents", "settings_ranked")))
+            if summary.get("settings_ranked"):
+                from podracer.population import format_ranking
+
+                self.stream.write(format_ranking(summary["settings_ranked"], summary["score_key"]))
             if summary.get("profile"):
                 from podracer.session.profile import format_profile
 

@@ -128,6 +128,28 @@ class RunSession:
         """Seconds of training so far."""
         return time.perf_counter() - self._train_start
 
+    def population_log(self, members: list, score_key: str = "episode_return_mean"):
+        """The host side of a population (`podracer.session.population`), its scores restored on a resume."""
+        import json
+
+        from podracer.session.population import PopulationLog
+
+        log = PopulationLog(members, score_key)
+        path = storage.join(self.run.run_dir, "metrics.jsonl")
+        if self.resuming and self.main_process and storage.exists(path):
+            rows = []
+            for line in storage.read_text(path).splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:  # a line cut short by a kill
+                    continue
+            log.restore([r for r in rows if r.get("env_steps", 0) <= (self.resumed_from or 0)])
+        return log
+
+    def population_summary(self, log) -> dict[str, Any]:
+        """The summary keys of a population: its agents, aggregate and ranking."""
+        return log.summary()
+
     # -- during training
 
     @contextlib.contextmanager
@@ -220,6 +242,9 @@ class RunSession:
             "sps": new_steps / self.train_s if new_steps and self.train_s > 0 else None,
             "episode_return_mean": episode_return_mean,
             **extra,
+            # A population's aggregate throughput: every agent's steps.
+            **({"population_sps": new_steps * extra["num_agents"] / self.train_s}
+               if "num_agents" in extra and new_steps and self.train_s > 0 else {}),
             **self.cloned,
             **devices,
             "processes": jax.process_count(),

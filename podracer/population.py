@@ -1,0 +1,236 @@
+"""Populations: many agents in one compiled program, and the statistics to report them.
+
+A population is `--num-seeds` seeds crossed with the grid of every `--sweep
+NAME=V1,V2,...` (settings major, seeds minor: agent `i` has the setting
+`i // num_seeds` and the seed `--seed + i % num_seeds`). Every agent owns its
+key, parameters, optimizer state and environments; the architecture vmaps
+them in one program. A swept setting must be one that can vary without
+recompiling (`SWEEPABLE`): it becomes a traced per-agent scalar, carried with
+the agents' state, and the algorithm's config and optimizer are rebuilt from
+it inside the traced step (`with_values`).
+
+The statistics follow Agarwal et al. 2021 ("Deep RL at the edge of the
+statistical precipice", the rliable recommendations): the interquartile mean
+(IQM) and 95% stratified bootstrap confidence intervals, strata being the
+settings (seeds are resampled within each setting), in plain numpy.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import math
+import typing
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from podracer.bounds import POSITIVE, bounded, check_bounds
+from podracer.errors import PodracerError
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationConfig:
+    """Many agents trained at once by one compiled program (Anakin only: Sebulba's actor threads serve one learner)."""
+
+    num_seeds: int = bounded(1, POSITIVE)
+    """Independent agents per setting, seeds --seed, --seed+1, ...: each has its own key, parameters, optimizer state and environments, and trains --total-steps steps of its own; all of them are vmapped in one compiled program (Anakin PPO, IMPALA and ES; Sebulba refuses it)."""
+    sweep: tuple[str, ...] = ()
+    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps and with the seeds. PPO/IMPALA: lr, max-grad-norm, adam-eps, ent-coef, vf-coef, gamma; PPO: clip-eps, gae-lambda; IMPALA: vtrace-lambda, rho-bar, c-bar, pg-rho-bar; ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
+
+    def __post_init__(self):
+        check_bounds(self)
+
+
+# What can vary per agent inside one program, by algorithm: flag name -> (section, field).
+_OPTIMIZER = {"lr": ("optimizer", "lr"), "max_grad_norm": ("optimizer", "max_grad_norm"),
+              "adam_eps": ("optimizer", "adam_eps")}
+_ACTOR_CRITIC = {"ent_coef", "vf_coef", "gamma"}
+SWEEPABLE: dict[str, dict[str, tuple[str, str]]] = {
+    "ppo": {**_OPTIMIZER, **{name: ("ppo", name) for name in
+                             sorted(_ACTOR_CRITIC | {"clip_eps", "gae_lambda"})}},
+    "impala": {**_OPTIMIZER, **{name: ("impala", name) for name in
+                                sorted(_ACTOR_CRITIC | {"vtrace_lambda", "rho_bar", "c_bar", "pg_rho_bar"})}},
+    "es": {"sigma": ("es", "sigma"), "es_lr": ("es", "es_lr"), "weight_decay": ("es", "weight_decay")},
+}
+
+
+class Agent(NamedTuple):
+    index: int
+    seed: int
+    settings: dict[str, float]  # swept field name -> value (empty without --sweep)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, list[float]]:
+    """`--sweep` values by field name, each checked against its setting's range; one-line errors."""
+    algo = configs["run"].algo
+    allowed = SWEEPABLE.get(algo, {})
+    names = ", ".join(_flag(n) for n in allowed)
+    out: dict[str, list[float]] = {}
+    for spec in sweeps:
+        name, sep, values = spec.partition("=")
+        field = name.strip().lstrip("-").replace("-", "_")
+        if not sep or not field or not values.strip():
+            raise PodracerError(f"--sweep {spec!r} is not NAME=V1,V2,...; e.g. --sweep lr=1e-4,3e-4")
+        if field not in allowed:
+            from podracer.config import used_configs
+
+            used = any(field in {f.name for f in dataclasses.fields(cfg)}
+                       for cfg in used_configs(configs).values())
+            known = any(field in {f.name for f in dataclasses.fields(cfg)} for cfg in configs.values()
+                        if dataclasses.is_dataclass(cfg))
+            why = ("it changes the compiled program's shapes or code, so it cannot vary inside one "
+                   "population; run one population per value" if used else
+                   f"not a setting of --algo={algo}" if known else "no such setting")
+            raise PodracerError(f"--sweep {_flag(field)}: {why}; --algo={algo} sweeps {names}")
+        if field in out:
+            raise PodracerError(f"--sweep {_flag(field)} is given twice; list every value in one --sweep")
+        section, attr = allowed[field]
+        kind = typing.get_type_hints(type(configs[section]))[attr]
+        parsed = []
+        for text in values.split(","):
+            try:
+                value = kind(text.strip())
+                dataclasses.replace(configs[section], **{attr: value})  # its range, its checks
+            except ValueError as err:
+                detail = str(err) if "must" in str(err) else f"expected {kind.__name__}, got {text.strip()!r}"
+                raise PodracerError(f"--sweep {_flag(field)}: {detail}") from None
+            parsed.append(value)
+        out[field] = parsed
+    return out
+
+
+def agents(configs: dict[str, Any]) -> list[Agent]:
+    """Every agent of the run: the grid of sweeps (first sweep slowest), each with every seed."""
+    population: PopulationConfig = configs.get("population", PopulationConfig())
+    sweeps = parse_sweeps(population.sweep, configs)
+    seed = configs["run"].seed
+    grid = [dict(zip(sweeps, values)) for values in itertools.product(*sweeps.values())] or [{}]
+    return [Agent(i * population.num_seeds + s, seed + s, settings)
+            for i, settings in enumerate(grid) for s in range(population.num_seeds)]
+
+
+def is_population(configs: dict[str, Any]) -> bool:
+    population = configs.get("population", PopulationConfig())
+    return population.num_seeds > 1 or bool(population.sweep)
+
+
+def hyperparameters(members: list[Agent]) -> dict[str, np.ndarray]:
+    """The swept settings as per-agent float32 arrays [A]: what the program carries and traces."""
+    names = members[0].settings.keys()
+    return {name: np.asarray([m.settings[name] for m in members], np.float32) for name in names}
+
+
+def with_values(config: Any, values: dict[str, Any]) -> Any:
+    """A copy of a frozen config dataclass with some fields replaced by (traced) values.
+
+    Skips `__post_init__`: its range checks were made on the concrete values
+    (`parse_sweeps`) and cannot run on tracers.
+    """
+    if not values:
+        return config
+    config = copy.copy(config)
+    for name, value in values.items():
+        object.__setattr__(config, name, value)
+    return config
+
+
+def configs_for(configs: dict[str, Any], hparams: dict[str, Any]) -> dict[str, Any]:
+    """`configs` with each section's swept fields set to `hparams` (traced scalars inside the program)."""
+    allowed = SWEEPABLE.get(configs["run"].algo, {})
+    by_section: dict[str, dict[str, Any]] = {}
+    for name, value in hparams.items():
+        section, attr = allowed[name]
+        by_section.setdefault(section, {})[attr] = value
+    return {name: with_values(cfg, by_section.get(name, {})) for name, cfg in configs.items()}
+
+
+def check_agents(num_agents: int, mesh_size: int) -> bool:
+    """Whether agents are split over the mesh's devices (a multiple of them) or replicated."""
+    return num_agents > 1 and mesh_size > 1 and num_agents % mesh_size == 0
+
+
+# -- statistics (Agarwal et al. 2021), in numpy
+
+
+def iqm(scores: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle 50% of the scores (trimmed 25% each side)."""
+    scores = np.sort(np.asarray(scores, float).ravel())
+    n = len(scores)
+    if n == 0:
+        return float("nan")
+    # scipy.stats.trim_mean(scores, 0.25): int(0.25 * n) cut from each end.
+    cut = int(0.25 * n)
+    return float(np.mean(scores[cut:n - cut]))
+
+
+def _iqm_rows(samples: np.ndarray) -> np.ndarray:
+    """`iqm` of each row of [reps, n]."""
+    n = samples.shape[1]
+    cut = int(0.25 * n)
+    return np.sort(samples, axis=1)[:, cut:n - cut].mean(axis=1)
+
+
+def stratified_bootstrap_ci(scores: np.ndarray, strata: np.ndarray, reps: int = 2000,
+                            confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the IQM, resampling runs within each stratum.
+
+    `strata[i]` labels run `i` (here: its setting); each replicate draws, in
+    every stratum, as many runs as it has, with replacement (rliable's
+    `StratifiedBootstrap` with one task per setting).
+    """
+    scores, strata = np.asarray(scores, float), np.asarray(strata)
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    picked = np.concatenate([g[rng.integers(0, len(g), size=(reps, len(g)))] for g in groups], axis=1)
+    stats = _iqm_rows(scores[picked])
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+def aggregate(scores: Sequence[float | None], strata: Sequence[int]) -> dict[str, Any]:
+    """Mean, IQM and the IQM's 95% stratified bootstrap CI of the agents that have a score."""
+    have = [i for i, s in enumerate(scores) if s is not None and math.isfinite(s)]
+    if not have:
+        return {"mean": None, "iqm": None, "iqm_ci": None}
+    values = np.asarray([scores[i] for i in have], float)
+    low, high = stratified_bootstrap_ci(values, np.asarray(strata)[have])
+    return {"mean": float(values.mean()), "iqm": iqm(values), "iqm_ci": [low, high]}
+
+
+def setting_label(settings: dict[str, float]) -> str:
+    return " ".join(f"{_flag(k)}={v:g}" for k, v in settings.items()) or "(one setting)"
+
+
+def ranked_settings(members: list[Agent], scores: Sequence[float | None]) -> list[dict[str, Any]]:
+    """One entry per setting, best IQM first: its settings, seeds, mean, IQM and CI over its seeds."""
+    by_setting: dict[str, list[int]] = {}
+    for member in members:
+        by_setting.setdefault(setting_label(member.settings), []).append(member.index)
+    ranked = []
+    for label, indices in by_setting.items():
+        stats = aggregate([scores[i] for i in indices], [0] * len(indices))
+        ranked.append({"setting": label, "settings": members[indices[0]].settings,
+                       "agents": indices, **stats})
+    ranked.sort(key=lambda e: -math.inf if e["iqm"] is None else e["iqm"], reverse=True)
+    for rank, entry in enumerate(ranked, 1):
+        entry["rank"] = rank
+    return ranked
+
+
+def format_ranking(ranked: list[dict[str, Any]], what: str) -> str:
+    """The final table: settings ranked by the IQM of `what` over their seeds."""
+    width = max(len("setting"), *(len(e["setting"]) for e in ranked))
+    num = lambda v: f"{v:>9.2f}" if v is not None else f"{'-':>9}"
+    lines = [f"population ranked by the IQM of {what} over each setting's seeds (95% stratified bootstrap CI)",
+             f"  rank  {'setting':<{width}}  seeds       mean        IQM  CI"]
+    for e in ranked:
+        ci = f"[{e['iqm_ci'][0]:.2f}, {e['iqm_ci'][1]:.2f}]" if e["iqm_ci"] else "-"
+        lines.append(f"  {e['rank']:>4}  {e['setting']:<{width}}  {len(e['agents']):>5}  {num(e['mean'])}  "
+                     f"{num(e['iqm'])}  {ci}")
+    return "\n".join(lines) + "\n"
