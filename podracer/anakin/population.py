@@ -35,6 +35,7 @@ class PopulationRunner(NamedTuple):
     env_state: Any  # [A, num_envs, ...]
     obs: Any  # [A, num_envs, ...]
     key: Any  # [A, ...]
+    carry: Any  # a recurrent network's state [A, num_envs, ...]; () for a feed-forward one
     hparams: dict  # swept setting -> [A] float32
 
 
@@ -45,15 +46,15 @@ def _specs(sharded: bool):
     """Runner, experience and metrics specs: the agent axis split over devices, or not."""
     if sharded:
         agents = P(parallel.DATA_AXIS)
-        return (PopulationRunner(agents, agents, agents, agents, agents),
-                Experience(agents, agents, agents, agents), agents)
+        return (PopulationRunner(agents, agents, agents, agents, agents, agents),
+                Experience(agents, agents, agents, agents, agents), agents)
     envs = P(None, parallel.DATA_AXIS)
-    return (PopulationRunner(P(), envs, envs, P(), P()),
-            Experience(P(None, None, parallel.DATA_AXIS), envs, P(), P()), P())
+    return (PopulationRunner(P(), envs, envs, P(), envs, P()),
+            Experience(P(None, None, parallel.DATA_AXIS), envs, P(), P(), envs), P())
 
 
 def _agent(runner: PopulationRunner) -> RunnerState:
-    return RunnerState(runner.train, runner.env_state, runner.obs, runner.key)
+    return RunnerState(runner.train, runner.env_state, runner.obs, runner.key, runner.carry)
 
 
 def make_anakin_population(steps_for: StepsFor, config: AnakinConfig, mesh: Mesh, sharded: bool):
