@@ -79,6 +79,15 @@ def test_replicated_agents_on_eight_devices_equal_the_run_of_one_agent(single_se
     _close(_agent(params, 1), single_seed1, rtol=2e-4, atol=2e-5)
 
 
+def test_recurrent_agents_split_over_devices_equal_the_run_of_one_agent():
+    # Each agent carries its own GRU state through the rollout and the update.
+    gru = SMALL + ["--network=gru", "--minibatches=2"]
+    _, alone = _params_after_one_call(gru + ["--seed=1"], jax.devices()[:1])
+    _, params = _params_after_one_call(gru + ["--num-seeds=2"], jax.devices()[:2])
+    _close(_agent(params, 1), alone, rtol=2e-4, atol=2e-5)
+    assert _differs(_agent(params, 0), alone)
+
+
 def test_es_agent_equals_the_run_of_one_agent():
     es = ["--algo=es", "--population=8", "--generations-per-call=2", "--eval-episodes=2", "--horizon=20",
           "--hidden", "8", "--total-steps=640"]
