@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from podracer.distributions import Categorical, DiagGaussian
+from podracer.distributions import Categorical, DiagGaussian, masked_logits
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu}
 
@@ -43,10 +43,10 @@ class PolicyHead(nn.Module):
     discrete: bool
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, legal=None):
         out = _dense(self.action_dim, 0.01)(x)
         if self.discrete:
-            return Categorical(logits=out)
+            return Categorical(logits=out if legal is None else masked_logits(out, legal))
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
         return DiagGaussian(mean=out, log_std=jnp.broadcast_to(log_std, out.shape))
 
@@ -59,13 +59,22 @@ class MLPActorCritic(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
     obs_rank: int = 1  # trailing observation dimensions, flattened before the MLP
+    action_mask: bool = False  # the last `action_dim` inputs are the legal actions (0/1)
 
     @nn.compact
     def __call__(self, obs):
-        x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
-        dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden, self.activation)(x))
+        x, legal = _split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
+        dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden, self.activation)(x), legal)
         value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(x))[..., 0]
         return dist, value
+
+
+def _split_mask(obs, obs_rank: int, mask_dim: int):
+    """Flattened float features, and the legal-action mask from the last `mask_dim` of them (or None)."""
+    x = obs.reshape(obs.shape[: obs.ndim - obs_rank] + (-1,)).astype(jnp.float32)
+    if not mask_dim:
+        return x, None
+    return x[..., :-mask_dim], x[..., -mask_dim:] > 0.5
 
 
 class NatureCNN(nn.Module):
@@ -100,12 +109,17 @@ class CNNActorCritic(nn.Module):
 
 
 def make_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
-                 hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> nn.Module:
+                 hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                 action_mask: bool = False) -> nn.Module:
     """Nature-CNN for frames big enough for its 8x8/4 first layer, an MLP otherwise.
 
     Frames are channels-first ([C, H, W], envpool's layout) when the leading
-    dimension is the smallest, channels-last ([H, W, C]) otherwise.
+    dimension is the smallest, channels-last ([H, W, C]) otherwise. With
+    `action_mask` (a flat observation whose last `action_dim` entries are the
+    legal actions), the MLP masks the policy's logits.
     """
+    if action_mask:
+        return MLPActorCritic(action_dim, discrete, tuple(hidden), activation, len(obs_shape), True)
     if len(obs_shape) == 3 and discrete:
         channels_last = obs_shape[-1] <= obs_shape[0]
         spatial = obs_shape[:2] if channels_last else obs_shape[1:]
@@ -128,18 +142,22 @@ class MLPPolicy(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
     obs_rank: int = 1
+    action_mask: bool = False  # as MLPActorCritic's: the argmax is over legal actions only
 
     @nn.compact
     def __call__(self, obs):
-        x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
+        x, legal = _split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
         out = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(x))
+        if legal is not None:
+            out = masked_logits(out, legal)
         return jnp.argmax(out, axis=-1) if self.discrete else out
 
 
 def make_policy_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
-                        hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> nn.Module:
+                        hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                        action_mask: bool = False) -> nn.Module:
     """`MLPPolicy` for any observation shape (frames are flattened)."""
-    return MLPPolicy(action_dim, discrete, tuple(hidden), activation, len(obs_shape))
+    return MLPPolicy(action_dim, discrete, tuple(hidden), activation, len(obs_shape), action_mask)
 
 
 def init_params(network: nn.Module, obs_shape: Sequence[int], obs_dtype, key: jax.Array):

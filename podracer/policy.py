@@ -63,7 +63,8 @@ def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], determinis
 
     ppo_config = PPOConfig(**configs["ppo"])
     net = _network_config(configs)
-    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
+    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
+                           spec.action_mask)
     params = jax.tree.map(jnp.asarray, state["train"]["params"])
     obs_stats = _stats(state["train"]["obs_stats"])
     act_batch = make_act(network.apply, ppo_config, deterministic)
@@ -91,7 +92,7 @@ def make_es_act(es_config, net, spec) -> Callable:
     from podracer.networks import make_policy_network
 
     policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
-                                 net.activation)
+                                 net.activation, spec.action_mask)
     # Only the structure matters: the mean's values replace these.
     shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
     unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))[1]

@@ -64,6 +64,7 @@ class EnvSpec(NamedTuple):
     discrete: bool
     action_low: np.ndarray | None
     action_high: np.ndarray | None
+    action_mask: bool = False  # the last `action_dim` observation entries are the legal actions (0/1)
 
 
 def _strongly_typed(tree):
@@ -126,6 +127,11 @@ class GymnaxEnv:
             action_low=None if discrete else np.broadcast_to(np.asarray(space.low, np.float32), space.shape),
             action_high=None if discrete else np.broadcast_to(np.asarray(space.high, np.float32), space.shape),
         )
+
+    @property
+    def horizon(self) -> int:
+        """The longest an episode can be: evaluation steps this many."""
+        return int(self.params.max_steps_in_episode)
 
     def _env_action(self, action):
         if self.spec.discrete:
@@ -190,5 +196,10 @@ class GymnaxEnv:
 
 
 def make_env(env_id: str) -> GymnaxEnv:
-    """The Anakin environment for `env_id` (gymnax ids, e.g. CartPole-v1, Pendulum-v1)."""
+    """The Anakin environment for `env_id`: a gymnax id (CartPole-v1, Pendulum-v1) or
+    `SUITE:ID` of a JAX suite (`podracer.anakin.suites`: brax, jumanji, craftax, navix)."""
+    from podracer.anakin import suites
+
+    if suites.is_suite_id(env_id):
+        return suites.make_suite_env(env_id)
     return GymnaxEnv(env_id)

@@ -16,6 +16,7 @@ import numpy as np
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
+from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
@@ -51,8 +52,9 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     net = configs["network"]
+    check_masked_inputs(env.spec, ppo_config.normalize_observations)
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                           net.hidden, net.activation)
+                           net.hidden, net.activation, env.spec.action_mask)
     num_updates = num_calls * anakin.updates_per_call
     optimizer = make_optimizer(configs["optimizer"],
                                num_updates * ppo_config.epochs * ppo_config.minibatches)

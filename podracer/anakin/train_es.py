@@ -14,6 +14,7 @@ import jax
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
+from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.data.record import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
@@ -30,8 +31,9 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     layout = make_es_layout(es_config, env, mesh)
     steps_per_call = layout.steps_per_generation * es_config.generations_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
+    check_masked_inputs(env.spec, es_config.normalize_observations)
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                                 net.hidden, net.activation)
+                                 net.hidden, net.activation, env.spec.action_mask)
     init, step = make_anakin_es(env, policy, es_config, mesh)
     phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
     return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
