@@ -17,7 +17,7 @@ def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> 
     from podracer.anakin.env import make_env
 
     env = make_env(env_id)
-    horizon = int(env.params.max_steps_in_episode)
+    horizon = env.horizon
 
     @jax.jit
     def run(key):
