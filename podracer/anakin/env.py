@@ -202,4 +202,7 @@ def make_env(env_id: str) -> GymnaxEnv:
 
     if suites.is_suite_id(env_id):
         return suites.make_suite_env(env_id)
+    if env_id.startswith(("gymnasium:", "py:")):
+        raise PodracerError(f"{env_id} is a Gymnasium vector environment, which runs on the host CPU; "
+                            f"use --arch=sebulba")
     return GymnaxEnv(env_id)
