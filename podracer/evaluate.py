@@ -71,6 +71,10 @@ def main(argv) -> int:
     from podracer.policy import EvalConfig, load_policy, run_config_of
 
     config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")
+    if config.video:
+        from podracer.video import check_path
+
+        check_path(config.video)
     act = load_policy(config.run_dir, config.deterministic)
     run = run_config_of(config.run_dir)["run"]
     returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
@@ -78,5 +82,12 @@ def main(argv) -> int:
     print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
     print(json.dumps({"env": run["env"], "episodes": len(returns), "episode_return_mean": float(returns.mean()),
                       "episode_return_std": float(returns.std())}))
+    if config.video:
+        from podracer import video
+
+        record = video.envpool_video if run["arch"] == "sebulba" else video.anakin_video
+        written = record(act, run["env"], config.episodes, config.seed, config.video)
+        print(f"wrote {config.video}: {len(written['episode_lengths'])} episodes, {written['frames']} frames")
+        print(json.dumps(written))
     sys.stdout.flush()
     return 0

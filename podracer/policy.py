@@ -162,6 +162,8 @@ class EvalConfig:
     """Seed for the environments and sampled actions."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""
+    video: str = ""
+    """Also write the evaluation's episodes, one after another, to this .mp4 or .gif with the return drawn on each frame (gymnax classic control, navix, craftax, brax, envpool Atari; pip install -e ".[video]")."""
 
     def __post_init__(self):
         check_bounds(self)
