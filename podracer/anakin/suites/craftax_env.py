@@ -8,6 +8,7 @@ vector (an MLP), pixel variants an image (the CNN torso).
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 from podracer.anakin.suites.base import SuiteEnv, discrete_spec
@@ -38,5 +39,16 @@ def make(env_id: str, name: str) -> SuiteEnv:
 
     obs = jax.eval_shape(reset_fn, jax.random.PRNGKey(0))[1]
     spec = discrete_spec(jnp.zeros(obs.shape, obs.dtype), env.action_space(params).n)
+    renderer = []  # built on first use: loading the textures takes seconds
+
+    def render(state):
+        if not renderer:
+            if "Classic" in name:
+                from craftax.craftax_classic.renderer import make_craftax_pixel_renderer
+            else:
+                from craftax.craftax.renderer import make_craftax_pixel_renderer
+            renderer.append(jax.jit(make_craftax_pixel_renderer(16)))
+        return np.asarray(renderer[0](state))
+
     return SuiteEnv(env_id, spec, reset_fn, step_fn, lambda o: jnp.asarray(o, spec.obs_dtype),
-                    int(params.max_timesteps))
+                    int(params.max_timesteps), render_fn=render)

@@ -11,6 +11,7 @@ it with the check off (`check_vma=False`).
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 from podracer.anakin.suites.base import SuiteEnv, discrete_spec
@@ -38,4 +39,5 @@ def make(env_id: str, name: str) -> SuiteEnv:
     num_actions = int(env.action_space.maximum) + 1
     spec = discrete_spec(jnp.zeros(obs.shape, obs.dtype), num_actions)
     return SuiteEnv(env_id, spec, reset_fn, step_fn, lambda o: jnp.asarray(o, spec.obs_dtype),
-                    int(env.max_steps), check_vma=False)
+                    int(env.max_steps), check_vma=False,
+                    render_fn=lambda timestep: np.asarray(navix.observations.rgb(timestep.state)))
