@@ -113,3 +113,14 @@ def test_navix_matches_navix_step():
     actions = np.random.default_rng(1).integers(0, 3, 250)  # turns and forward: reaches the goal or times out
     ends = _compare(env, lambda k: (lambda t: (t, t.observation))(reset(k)), lib_step, np.asarray, actions)
     assert sum(ends.values()) >= 2
+
+
+def test_a_missing_suite_is_one_line_naming_its_extra(monkeypatch):
+    from podracer.errors import PodracerError
+
+    monkeypatch.setitem(__import__("sys").modules, "navix", None)  # as if not installed
+    with pytest.raises(PodracerError, match=r'needs navix: pip install -e "\.\[navix\]"') as err:
+        make_env("navix:Navix-Empty-5x5-v0")
+    assert "\n" not in str(err.value)
+    with pytest.raises(PodracerError, match="arch=sebulba"):
+        make_env("gymnasium:CartPole-v1")
