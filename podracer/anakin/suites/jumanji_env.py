@@ -46,6 +46,4 @@ def make(env_id: str, name: str) -> SuiteEnv:
     masked = flatten_obs(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), raw), "action_mask")[1] is not None
     obs = jax.eval_shape(obs_fn, raw)
     spec = discrete_spec(jnp.zeros(obs.shape, obs.dtype), action_spec.num_values, masked)
-    render = None
-    return SuiteEnv(env_id, spec, reset_fn, step_fn, obs_fn, int(getattr(env, "time_limit", 1000)),
-                    render_fn=render)
+    return SuiteEnv(env_id, spec, reset_fn, step_fn, obs_fn, int(getattr(env, "time_limit", 1000)))
