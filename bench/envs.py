@@ -84,6 +84,11 @@ def ppo_sps(env_id: str, calls: int) -> float:
 def brax_ppo_sps(name: str, steps: int) -> float:
     from brax import envs
     from brax.training.agents.ppo import networks as ppo_networks
+
+    if not hasattr(jax, "device_put_replicated") or _removed(jax, "device_put_replicated"):
+        # brax 0.14's trainer still calls it; jax 0.10 removed it (jax.device_put's drop-in).
+        jax.device_put_replicated = lambda x, devices: jax.device_put(
+            jax.tree.map(lambda a: jnp.stack([a] * len(devices)), x), devices[0])
     from brax.training.agents.ppo import train as ppo
 
     with warnings.catch_warnings():
@@ -98,6 +103,14 @@ def brax_ppo_sps(name: str, steps: int) -> float:
               progress_fn=lambda step, _: reports.append((step, time.perf_counter())), seed=0)
     (step_a, time_a), (step_b, time_b) = reports[1], reports[-1]
     return (step_b - step_a) / (time_b - time_a)
+
+
+def _removed(module, name: str) -> bool:
+    try:
+        getattr(module, name)
+        return False
+    except AttributeError:
+        return True
 
 
 def main() -> None:
