@@ -10,7 +10,13 @@ each figure the fastest of its rounds (contention only ever adds time):
   most steps/s any ES could get out of this environment here.
 - podracer: `podracer.anakin.es.make_anakin_es` (OpenAI-ES, population split
   over every device, fitness all-gathered, mean parameters evaluated per call),
-  and the same on one device.
+  and the same on one device: the same algorithm as evosax's, full-rank
+  Gaussian noise, its antithetic pairs evaluated together (every member shares
+  the mean's matrix products, a pair shares its noise's).
+- podracer low-rank (`--low-rank`, default 1; 0 leaves the row out): the same
+  on one device with `ESConfig(low_rank=r)`, EGGROLL-style rank-r noise on each
+  weight matrix. NOT the algorithm evosax runs (a different search
+  distribution); shown for what it costs, not as the like-for-like figure.
 - evosax: `evosax.algorithms.Open_ES` ask -> `jax.vmap` of the same fitness
   function (podracer's `make_fitness_fn`, so the rollout is identical) -> tell, `generations`
   generations in one jitted `lax.scan`: the usual evosax loop. evosax has no
@@ -24,7 +30,7 @@ JSON object with `sps`, `peer_sps`, `env_ceiling_sps` and generations/s. A
 column of steps per CPU-second (all threads) shows what each costs in work,
 which other load on a shared machine disturbs far less than wall-clock time.
 
-    python bench/es.py                     # CartPole-v1, population 256
+    python bench/es.py                     # CartPole-v1, population 256, and the rank-1 row
     python bench/es.py --env=Pendulum-v1 --population=512 --hidden 32 32
 """
 
@@ -51,6 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
                         help="on a CPU-only machine, JAX devices to split the CPU into")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--low-rank", type=int, default=1,
+                        help="rank of the extra low-rank row (0: no such row)")
     return parser.parse_args(argv)
 
 
@@ -88,7 +96,7 @@ def main(argv=None) -> dict:
     key = jax.random.PRNGKey(args.seed)
 
     # ---- podracer, on every device and on one.
-    def podracer_call(devices):
+    def podracer_call(devices, config=config):
         init, step = make_anakin_es(env, policy, config, parallel.make_mesh(devices))
         state = {"runner": init(key)}
         step = step.lower(state["runner"]).compile()
@@ -182,6 +190,11 @@ def main(argv=None) -> dict:
         "podracer Anakin ES, 1 device": podracer_call(jax.devices()[:1]),
         "evosax Open_ES, 1 device": evosax_call(),
     }
+    low_rank_name = f"podracer low-rank ES (rank {args.low_rank}, not evosax's algorithm), 1 device"
+    if args.low_rank:
+        import dataclasses
+        calls[low_rank_name] = podracer_call(jax.devices()[:1],
+                                             dataclasses.replace(config, low_rank=args.low_rank))
     seconds = {name: [] for name in calls}
     cpu_seconds = {name: [] for name in calls}
     for name, call in calls.items():  # warm-up: first dispatch, allocations
@@ -198,7 +211,7 @@ def main(argv=None) -> dict:
     # other load on a shared machine changes far less than wall-clock time.
     per_cpu_s = {name: steps_per_call / min(times) for name, times in cpu_seconds.items()}
 
-    ceiling, ours, ours_one, peer = (steps_per_call / best[name] for name in calls)
+    ceiling, ours, ours_one, peer = (steps_per_call / best[name] for name in list(calls)[:4])
     rows = [(name, f"{steps_per_call / best[name]:,.0f}", f"{args.generations / best[name]:,.1f}",
              f"{steps_per_call / best[name] / peer:.2f}x", f"{spread[name]:.0%}",
              f"{per_cpu_s[name]:,.0f}") for name in calls]
@@ -217,7 +230,14 @@ def main(argv=None) -> dict:
         "steps_per_cpu_s": per_cpu_s[names[1]],
         "steps_per_cpu_s_one_device": per_cpu_s[names[2]],
         "peer_steps_per_cpu_s": per_cpu_s[names[3]],
+        "cpu_speedup_vs_peer_one_device": per_cpu_s[names[2]] / per_cpu_s[names[3]],
     }
+    if args.low_rank:
+        low = steps_per_call / best[low_rank_name]
+        result.update({"low_rank": args.low_rank, "low_rank_sps_one_device": low,
+                       "low_rank_speedup_vs_peer_one_device": low / peer,
+                       "low_rank_cpu_speedup_vs_peer_one_device":
+                           per_cpu_s[low_rank_name] / per_cpu_s[names[3]]})
     common.report(
         f"Anakin ES vs evosax, {args.env}: population {config.population} x "
         f"{config.episodes_per_member} episode(s) x horizon {layout.horizon}, {args.generations} "

@@ -170,3 +170,9 @@ REFERENCE_CONFIG = {
     "CLIP_EPS": 0.2, "ENT_COEF": 0.01, "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5,
     "ENV_NAME": "CartPole-v1",
 }
+
+
+if __name__ == "__main__":  # one 500k-step run, as the original script's own `__main__` does
+    out = jax.jit(make_train(REFERENCE_CONFIG))(jax.random.PRNGKey(42))
+    jax.block_until_ready(out)
+    print(f"final return {float(np.nanmean(np.asarray(out['returns'])[-8:])):.1f}")

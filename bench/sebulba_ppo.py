@@ -1,21 +1,32 @@
-"""Sebulba PPO throughput against its two ceilings, on CartPole-v1 and Pong-v5.
+"""Sebulba PPO and IMPALA throughput against their ceilings, on CartPole-v1 and Pong-v5.
 
-Per environment, with the (sebulba, ppo, env) preset, in this one process:
+Per environment and algorithm (`--algos`), with the (sebulba, algo, env)
+preset, in this one process:
 
-- sebulba: `podracer.sebulba.train_ppo`, steady-state env steps/s (compilation
-  and the first quarter of the run excluded).
+- sebulba: `podracer.sebulba.train_actor_critic`, steady-state env steps/s
+  (compilation and the first quarter of the run excluded).
 - env ceiling: raw envpool, the same batches (environments per actor thread,
   envpool threads, recv batch size, one Python thread per actor thread),
   stepped with random actions and no policy.
+- inference ceiling: the actors' compiled policy step alone (observations in,
+  actions, log-probabilities and values out, both copies included) on batches
+  of the same shape, one Python thread per actor thread.
 - learner ceiling: the compiled learner step alone, on a fixed batch of the same
   shape on the same learner devices.
-- efficiency = sps / min(env ceiling, learner ceiling), each repeat's run against
-  the ceilings measured just before it; the repeat with the median efficiency
-  is reported (on a shared machine the load drifts between minutes).
+- efficiency = sps / min(env ceiling, learner ceiling): the bound where actors
+  and learners have their own hardware (a TPU VM: host CPUs step, cores learn).
+- serial_efficiency = sps / serial bound, the serial bound 1 / (1/env +
+  1/inference + 1/learner): every env step costs an environment step, a share
+  of a policy call and a share of an update, and where all three share the
+  same cores (a laptop CPU) they cannot overlap; a pipeline that wastes
+  nothing reads 1 (overlap on spare cores can push it above).
+Each repeat's run is set against the ceilings measured just before it; the
+repeat with the median serial efficiency is reported (on a shared machine the
+load drifts between minutes).
 
-Ends with one JSON line per environment.
+Ends with one JSON line per environment and algorithm.
 
-    python bench/sebulba_ppo.py [--envs CartPole-v1 Pong-v5] [--repeats 3] [--cpu-devices 2]
+    python bench/sebulba_ppo.py [--envs CartPole-v1 Pong-v5] [--algos ppo impala] [--repeats 3]
 
 CPU work runs inline, as the launcher runs Sebulba (`--async-dispatch` to compare).
 """
@@ -36,12 +47,23 @@ import common  # noqa: F401  (puts the repository on sys.path)
 RUN_STEPS = {"CartPole-v1": 2_000_000, "Pong-v5": 24 * 128 * 6}
 
 
-def configs_for(env_id: str, total_steps: int | None, overrides: list[str]) -> dict:
+def configs_for(env_id: str, algo: str, total_steps: int | None, overrides: list[str]) -> dict:
     from podracer.orchestrate.cli import parse_configs
 
     steps = total_steps or RUN_STEPS.get(env_id, 200_000)
-    return parse_configs(["--arch=sebulba", "--algo=ppo", f"--env={env_id}", f"--total-steps={steps}",
+    return parse_configs(["--arch=sebulba", f"--algo={algo}", f"--env={env_id}", f"--total-steps={steps}",
                           *overrides])
+
+
+def _layout(configs: dict):
+    import jax
+
+    from podracer.actor_critic import actor_critic
+    from podracer.sebulba.config import make_layout, split_devices
+
+    sebulba = configs["sebulba"]
+    split = split_devices(sebulba, jax.local_devices())
+    return make_layout(sebulba, actor_critic(configs)[1], split), split
 
 
 def env_ceiling(configs: dict, seconds: float) -> float:
@@ -49,12 +71,10 @@ def env_ceiling(configs: dict, seconds: float) -> float:
     import envpool
     import numpy as np
 
-    from podracer.sebulba.config import make_layout, split_devices
     from podracer.sebulba.envs import is_atari
-    import jax
 
     run, sebulba = configs["run"], configs["sebulba"]
-    layout = make_layout(sebulba, configs["ppo"], split_devices(sebulba, jax.local_devices()))
+    layout, _ = _layout(configs)
     options = dict(episodic_life=True, reward_clip=True) if is_atari(run.env) else {}
     counts = [0] * layout.num_actor_threads
     stop = threading.Event()
@@ -89,6 +109,61 @@ def env_ceiling(configs: dict, seconds: float) -> float:
     for thread in threads:
         thread.join()
     return steps / elapsed
+
+
+def inference_ceiling(configs: dict, seconds: float) -> float:
+    """Policy steps/s alone: the actors' compiled policy step on observations of their batch's shape.
+
+    One Python thread per actor thread, each on its actor device, each call
+    copying the observations in and the packed output out, as an actor does.
+    """
+    import jax
+    import numpy as np
+
+    from podracer.actor_critic import actor_critic
+    from podracer.networks import init_params, make_network
+    from podracer.normalize import init_running_stats
+    from podracer.sebulba.actor import make_policy_step
+    from podracer.sebulba.envs import env_spec
+
+    run, net, sebulba = configs["run"], configs["network"], configs["sebulba"]
+    layout, split = _layout(configs)
+    spec = env_spec(run.env)
+    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
+    params = init_params(network, spec.obs_shape, spec.obs_dtype, jax.random.PRNGKey(0))
+    stats = init_running_stats(spec.obs_shape)
+    policy_step = make_policy_step(network.apply, actor_critic(configs)[1])
+    rng = np.random.default_rng(0)
+    obs = (rng.integers(0, 255, (layout.env_batch, *spec.obs_shape), dtype=np.uint8)
+           if spec.obs_dtype == np.uint8 else rng.normal(size=(layout.env_batch, *spec.obs_shape)).astype(np.float32))
+    counts = [0] * layout.num_actor_threads
+    stop = threading.Event()
+
+    def act(index: int) -> None:
+        device = split.actor[index // sebulba.actor_threads]
+        on_device = jax.device_put((params, stats), device)
+        key = jax.device_put(jax.random.PRNGKey(index), device)
+        while not stop.is_set():
+            key, packed = policy_step(*on_device, jax.device_put(obs, device), key)
+            np.asarray(packed)
+            counts[index] += layout.env_batch
+
+    threads = [threading.Thread(target=act, args=(i,)) for i in range(layout.num_actor_threads)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # compile and warm up
+    start_count, start = sum(counts), time.perf_counter()
+    time.sleep(seconds)
+    steps, elapsed = sum(counts) - start_count, time.perf_counter() - start
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return steps / elapsed
+
+
+def serial_bound(*ceilings: float) -> float:
+    """Steps/s when each step pays every stage in turn: 1 / sum(1 / ceiling)."""
+    return 1.0 / sum(1.0 / c for c in ceilings)
 
 
 def learner_ceiling(configs: dict, seconds: float) -> float:
@@ -137,11 +212,11 @@ def sebulba_run(configs: dict) -> dict:
     """Train; steady-state steps/s from metrics.jsonl, skipping the first quarter of the run."""
     import dataclasses
 
-    from podracer.sebulba.train import train_ppo
+    from podracer.sebulba.train import train_actor_critic
 
     with tempfile.TemporaryDirectory() as run_dir:
         run = dataclasses.replace(configs["run"], run_dir=run_dir)
-        summary, _ = train_ppo({**configs, "run": run})
+        summary, _ = train_actor_critic({**configs, "run": run})
         rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     first, last = rows[len(rows) // 4], rows[-1]
     if last["wall_s"] > first["wall_s"]:
@@ -153,9 +228,42 @@ def sebulba_run(configs: dict) -> dict:
             "first_return": returns[0] if returns else None, "last_return": returns[-1] if returns else None}
 
 
+def measure(configs: dict, args) -> dict:
+    """One (environment, algorithm) row: the ceilings and a run, `args.repeats` times; the median repeat."""
+    env_sps, inference_sps, learner_sps, runs = [], [], [], []
+    for _ in range(args.repeats):
+        env_sps.append(env_ceiling(configs, args.seconds))
+        inference_sps.append(inference_ceiling(configs, args.seconds))
+        learner_sps.append(learner_ceiling(configs, args.seconds))
+        runs.append(sebulba_run(configs))
+    # Each repeat pairs a run with ceilings measured just before it, under the
+    # same machine load; the median repeat is reported.
+    efficiencies = [run["sps"] / min(e, l) for run, e, l in zip(runs, env_sps, learner_sps)]
+    bounds = [serial_bound(*c) for c in zip(env_sps, inference_sps, learner_sps)]
+    serial = [run["sps"] / bound for run, bound in zip(runs, bounds)]
+    median = sorted(range(len(runs)), key=lambda i: serial[i])[len(runs) // 2]
+    chosen, summary = runs[median], runs[median]["summary"]
+    run, sebulba = configs["run"], configs["sebulba"]
+    return {
+        "bench": "sebulba_ppo", "env": run.env, "algo": run.algo, "sps": chosen["sps"],
+        "run_sps": chosen["run_sps"], "env_ceiling_sps": env_sps[median],
+        "inference_ceiling_sps": inference_sps[median], "learner_ceiling_sps": learner_sps[median],
+        "serial_bound_sps": bounds[median],
+        "efficiency": efficiencies[median], "efficiency_per_repeat": efficiencies,
+        "serial_efficiency": serial[median], "serial_efficiency_per_repeat": serial,
+        "num_envs": sebulba.num_envs, "rollout_len": sebulba.rollout_len,
+        "actor_threads": summary["actor_threads"], "env_threads": sebulba.env_threads,
+        "async_envs": sebulba.async_envs, "learner_devices": summary["learner_devices"],
+        "policy_lag_mean": summary["policy_lag_mean"], "async_dispatch": args.async_dispatch,
+        "first_return": chosen["first_return"], "last_return": chosen["last_return"],
+        **{k: v for k, v in summary.items() if k.startswith("time_")},
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Pong-v5"])
+    parser.add_argument("--algos", nargs="+", default=["ppo", "impala"], choices=["ppo", "impala"])
     parser.add_argument("--repeats", type=int, default=3, help="repeats of ceilings and run; the median is kept")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each ceiling measurement")
     parser.add_argument("--total-steps", type=int, default=None, help="steps per Sebulba run")
@@ -176,36 +284,18 @@ def main():
     overrides = [flag for flag in args.flags if flag != "--"]
     results = []
     for env_id in args.envs:
-        configs = configs_for(env_id, args.total_steps, overrides)
-        env_sps, learner_sps, runs = [], [], []
-        for _ in range(args.repeats):
-            env_sps.append(env_ceiling(configs, args.seconds))
-            learner_sps.append(learner_ceiling(configs, args.seconds))
-            runs.append(sebulba_run(configs))
-        # Each repeat pairs a run with ceilings measured just before it, under the
-        # same machine load; the median repeat is reported.
-        efficiencies = [run["sps"] / min(e, l) for run, e, l in zip(runs, env_sps, learner_sps)]
-        median = sorted(range(len(runs)), key=lambda i: efficiencies[i])[len(runs) // 2]
-        chosen, summary = runs[median], runs[median]["summary"]
-        sebulba = configs["sebulba"]
-        results.append({
-            "bench": "sebulba_ppo", "env": env_id, "sps": chosen["sps"], "run_sps": chosen["run_sps"],
-            "env_ceiling_sps": env_sps[median], "learner_ceiling_sps": learner_sps[median],
-            "efficiency": efficiencies[median], "efficiency_per_repeat": efficiencies,
-            "num_envs": sebulba.num_envs, "rollout_len": sebulba.rollout_len,
-            "actor_threads": summary["actor_threads"], "env_threads": sebulba.env_threads,
-            "async_envs": sebulba.async_envs, "learner_devices": summary["learner_devices"],
-            "policy_lag_mean": summary["policy_lag_mean"], "async_dispatch": args.async_dispatch,
-            "first_return": chosen["first_return"], "last_return": chosen["last_return"],
-            **{k: v for k, v in summary.items() if k.startswith("time_")},
-        })
+        for algo in args.algos:
+            results.append(measure(configs_for(env_id, algo, args.total_steps, overrides), args))
     fmt = lambda v: f"{v:,.0f}" if isinstance(v, float) and abs(v) >= 100 else \
         f"{v:.2f}" if isinstance(v, float) else str(v)
-    header = ("env", "sebulba steps/s", "env ceiling", "learner ceiling", "efficiency", "return first->last")
-    rows = [(r["env"], fmt(r["sps"]), fmt(r["env_ceiling_sps"]), fmt(r["learner_ceiling_sps"]),
-             fmt(r["efficiency"]), f"{fmt(r['first_return'])} -> {fmt(r['last_return'])}") for r in results]
+    header = ("env", "algo", "sebulba steps/s", "env ceiling", "inference ceiling", "learner ceiling",
+              "serial bound", "efficiency (min)", "serial efficiency", "return first->last")
+    rows = [(r["env"], r["algo"], fmt(r["sps"]), fmt(r["env_ceiling_sps"]), fmt(r["inference_ceiling_sps"]),
+             fmt(r["learner_ceiling_sps"]), fmt(r["serial_bound_sps"]), fmt(r["efficiency"]),
+             fmt(r["serial_efficiency"]), f"{fmt(r['first_return'])} -> {fmt(r['last_return'])}")
+            for r in results]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    print(f"Sebulba PPO vs its ceilings  ({common.machine()})")
+    print(f"Sebulba PPO and IMPALA vs their ceilings  ({common.machine()})")
     for row in [header, tuple("-" * w for w in widths), *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     for result in results:

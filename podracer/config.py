@@ -1,6 +1,7 @@
 """Run-level settings: one frozen dataclass per concern.
 
-Algorithm settings live with their algorithm (`podracer.ppo.PPOConfig`),
+Algorithm settings live with their algorithm (`podracer.ppo.PPOConfig`,
+`podracer.vtrace.ImpalaConfig`),
 architecture settings with their architecture (`podracer.anakin.AnakinConfig`).
 Sizes that depend on the devices are derived by pure functions at run time and
 never written back into a config.
@@ -16,7 +17,7 @@ import optax
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 
 ARCHS = ("anakin", "sebulba")
-ALGOS = ("ppo", "es")
+ALGOS = ("ppo", "impala", "es")
 
 # The sections each (architecture, algorithm) reads, and the fields of those
 # sections it does not: a flag that no section of the pair reads is refused, so
@@ -24,9 +25,13 @@ ALGOS = ("ppo", "es")
 USES: dict[tuple[str, str], tuple[str, ...]] = {
     ("anakin", "ppo"): ("run", "ppo", "anakin", "optimizer", "network", "checkpoint", "distributed",
                         "logging", "data"),
+    ("anakin", "impala"): ("run", "impala", "anakin", "optimizer", "network", "checkpoint", "distributed",
+                           "logging", "data"),
     ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging", "data"),
     ("sebulba", "ppo"): ("run", "ppo", "sebulba", "optimizer", "network", "checkpoint", "distributed",
                          "logging", "data"),
+    ("sebulba", "impala"): ("run", "impala", "sebulba", "optimizer", "network", "checkpoint",
+                            "distributed", "logging", "data"),
     ("sebulba", "es"): ("run", "es", "sebulba", "network", "checkpoint", "distributed", "logging",
                         "data"),
 }
@@ -60,7 +65,7 @@ class RunConfig:
     arch: str = "anakin"
     """Architecture: anakin (env and learner on the accelerator) or sebulba (envs on host CPU)."""
     algo: str = "ppo"
-    """Algorithm: ppo or es."""
+    """Algorithm: ppo, impala (V-trace actor-critic) or es."""
     env: str = "CartPole-v1"
     """Environment id. anakin: gymnax ids (CartPole-v1) or a JAX suite as SUITE:ID (brax:inverted_pendulum, brax:fast, brax:NAME:BACKEND; jumanji:Snake-v1; craftax:Craftax-Classic-Symbolic-v1; navix:Navix-Empty-5x5-v0), each suite an extra: pip install -e ".[brax]" and so on. sebulba: envpool ids (Pong-v5), gymnasium:ID (gymnasium.make_vec) or py:MODULE:FUNCTION (FUNCTION(num_envs) returns a Gymnasium VectorEnv)."""
     seed: int = bounded(0, NON_NEGATIVE)
@@ -71,6 +76,8 @@ class RunConfig:
     """Where the run's outputs go (metrics.jsonl, summary.json, tensorboard/, checkpoints/). Default: a new directory runs/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS, and runs/latest links to the newest. A directory that holds a checkpoint RESUMES from it: run the same command with the same --run-dir after a preemption, a crash or Ctrl-C (--total-steps may grow; other settings must match). A finished run's directory is reported and left unchanged. May be gs://BUCKET/PATH (pip install 'podracer-rl[gcs]'; name it yourself, runs/latest is local only)."""
     cpu_devices: int = bounded(0, NON_NEGATIVE)
     """On a CPU-only machine, split the CPU into this many JAX devices (0: JAX's default)."""
+    compile_cache: str = ""
+    """Where JAX keeps compiled programs, so that a run repeating a program reads it back instead of compiling it: a directory, gs://BUCKET/PATH, or off. Default: $PODRACER_COMPILE_CACHE (a directory or off), else $JAX_COMPILATION_CACHE_DIR, else compile_cache/ beside a gs:// --run-dir, else $XDG_CACHE_HOME/podracer/jax (~/.cache/podracer/jax)."""
 
     def __post_init__(self):
         check_bounds(self)

@@ -57,11 +57,14 @@ def _stats(saved: dict[str, Any]) -> RunningStats:
     return RunningStats(**{k: jnp.asarray(v) for k, v in saved.items()})
 
 
-def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], deterministic: bool) -> Callable:
+def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], deterministic: bool,
+                algo: str = "ppo") -> Callable:
+    """An actor-critic's policy: PPO's, or IMPALA's (the same network and acting function)."""
     from podracer.networks import make_network
     from podracer.ppo import PPOConfig, make_act
+    from podracer.vtrace import ImpalaConfig
 
-    ppo_config = PPOConfig(**configs["ppo"])
+    ppo_config = {"ppo": PPOConfig, "impala": ImpalaConfig}[algo](**configs[algo])
     net = _network_config(configs)
     network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
                            spec.action_mask)
@@ -137,8 +140,8 @@ def load_policy(run_dir: str, deterministic: bool = False) -> Callable:
     configs = meta["config"]
     arch, algo = configs["run"]["arch"], configs["run"]["algo"]
     spec = env_spec_of(arch, configs["run"]["env"])
-    if algo == "ppo":
-        return _ppo_policy(configs, spec, state, deterministic)
+    if algo in ("ppo", "impala"):
+        return _ppo_policy(configs, spec, state, deterministic, algo)
     if algo == "es":  # one checkpoint layout for ES on both architectures
         return _es_policy(configs, spec, state["strategy"]["mean"], state["obs_stats"])
     raise PodracerError(f"{run_dir} was made by --arch={arch} --algo={algo}, which load_policy "

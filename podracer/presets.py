@@ -37,6 +37,18 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
         "num_envs": 24, "rollout_len": 128, "epochs": 10, "minibatches": 8, "lr": 3e-4,
         "ent_coef": 0.0, "clip_value": False, "normalize_observations": True,
         "total_steps": 1_000_000, "env_threads": 2, "log_every": 5},
+    # IMPALA (V-trace): the actor-critic of PPO's presets, in minibatches of whole
+    # environment columns. Without PPO's clip, more than one pass over a batch made
+    # Sebulba's CartPole policy collapse now and then (to one action, return 9).
+    ("anakin", "impala", "CartPole-v1"): {"num_envs": 32, "rollout_len": 32, "lr": 1e-3, "minibatches": 4,
+                                          "epochs": 2},
+    # Mean return 500 within about 350k steps, about 10 s of training on a 2-core CPU.
+    ("sebulba", "impala", "CartPole-v1"): {
+        "num_envs": 120, "rollout_len": 32, "lr": 1e-3, "minibatches": 8, "epochs": 1,
+        "total_steps": 2_000_000, "log_every": 4},
+    ("sebulba", "impala", "Pong-v5"): {
+        **{k: v for k, v in _ATARI.items() if k not in ("clip_eps", "epochs", "minibatches", "unroll_minibatches")},
+        "rollout_len": 32, "lr": 6e-4, "epochs": 1, "minibatches": 1},
     # OpenAI-ES, 64 members: the mean parameters reach 500 within about 15
     # generations; 50 generations take a few seconds after a few seconds' compile.
     ("anakin", "es", "CartPole-v1"): {"generations_per_call": 5, "total_steps": 1_600_000},

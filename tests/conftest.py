@@ -1,14 +1,21 @@
 """Test session set-up: eight CPU devices, before anything starts JAX's backend; shared fixtures."""
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
 import pytest
 
-# One compilation cache for the whole session, inherited by every launcher
-# subprocess: the many short runs of the same program compile it once.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="podracer-jax-cache-"))
+# One compilation cache per test process (each pytest-xdist worker its own),
+# inherited by every launcher subprocess: the many short runs of one program
+# compile it once, no process reads an entry that another test process is
+# writing, and nothing reaches the user's own cache (~/.cache/podracer/jax).
+# JAX's own variable points this process's direct calls of the drivers there too.
+_CACHE = tempfile.mkdtemp(prefix="podracer-jax-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ["PODRACER_COMPILE_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 
 import jax  # noqa: E402
 

@@ -159,6 +159,26 @@ def test_policy_eval_and_plot_read_the_bucket(gcs_bucket, anakin_run, tmp_path):
     _no_local_gs(str(tmp_path), REPO_ROOT)
 
 
+def test_a_bucket_run_keeps_its_compiled_programs_beside_it_in_the_bucket(gcs_bucket, tmp_path):
+    """No cache named: a gs:// run directory's programs go to compile_cache/ beside it, and come back."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PODRACER_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    summaries = []
+    for name in ("first", "again"):
+        args = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=1024",
+                "--checkpoint-every=0", f"--run-dir=gs://{BUCKET}/cached/{name}"]
+        result = subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=240,
+                                cwd=tmp_path, env={**environ, "HOME": str(tmp_path)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        summaries.append(json.loads(gcs_bucket.blob(f"cached/{name}/summary.json").download_as_text()))
+    first, again = (summary["compile_cache"] for summary in summaries)
+    assert first["dir"] == again["dir"] == f"gs://{BUCKET}/cached/compile_cache"
+    assert not first["hit"] and first["misses"] >= 2
+    assert again == {**first, "hit": True, "hits": first["misses"], "misses": 0}
+    assert len(_objects(gcs_bucket, "cached/compile_cache/")) == first["misses"]
+    assert not (tmp_path / ".cache").exists()  # nothing in the local default
+
+
 def test_bucket_without_gcsfs_is_one_line_before_compiling(gcs_bucket, tmp_path):
     code = ("import sys; sys.modules['gcsfs'] = None; "  # as if the gcs extra were not installed
             "from podracer.orchestrate.cli import main; "

@@ -79,6 +79,64 @@ def test_ask_returns_mean_plus_sigma_times_member_noise():
     np.testing.assert_allclose(params[0] + params[1], 2 * jnp.arange(3.0), rtol=1e-6)
 
 
+@pytest.mark.parametrize("make", [lambda: es.make_openai_es(8, sigma=0.3, optimizer=optax.sgd(1.0)),
+                                  lambda: es.make_ars(4, 2, step_size=0.1, sigma=0.3)])
+def test_perturb_factors_what_ask_returns(make):
+    strategy = make()
+    state = strategy.init(jnp.linspace(-1.0, 1.0, 5))
+    perturbation = jax.jit(strategy.perturb, static_argnums=3)(state, KEY, 1, 3)  # pairs 1, 2, 3
+    asked = strategy.ask(state, KEY, jnp.arange(2, 8))
+    plus = perturbation.mean + perturbation.scale * perturbation.noise
+    minus = perturbation.mean - perturbation.scale * perturbation.noise
+    np.testing.assert_allclose(asked[0::2], plus, rtol=1e-6)
+    np.testing.assert_allclose(asked[1::2], minus, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- low-rank noise
+
+SHAPES = [(3,), (4, 3), (3, 2), (2,)]
+NUM_DIMS = sum(int(np.prod(shape)) for shape in SHAPES)
+
+
+def test_low_rank_noise_is_factored_matrices_regenerated_by_index():
+    factors = es.low_rank_pair_factors(KEY, 5, SHAPES, 2)
+    assert isinstance(factors[1], es.LowRank) and factors[1].a.shape == (4, 2) and factors[1].b.shape == (3, 2)
+    assert factors[0].shape == (3,) and not isinstance(factors[3], es.LowRank)
+    flat = es.low_rank_pair_noise(KEY, 5, SHAPES, 2)
+    assert flat.shape == (NUM_DIMS,)
+    matrix = np.asarray(flat[3:15]).reshape(4, 3)
+    np.testing.assert_allclose(matrix, factors[1].a @ factors[1].b.T, rtol=1e-6)
+    assert np.linalg.matrix_rank(matrix) == 2  # rank r, not full
+    np.testing.assert_array_equal(jax.jit(es.low_rank_pair_noise, static_argnums=(2, 3))(KEY, 5, tuple(SHAPES), 2), flat)
+    assert not np.allclose(es.low_rank_pair_noise(KEY, 4, SHAPES, 2), flat)
+    # Unit variance per entry, like full-rank noise.
+    big = es.low_rank_pair_noise(KEY, 0, [(300, 400)], 3)
+    assert abs(float(jnp.var(big)) - 1.0) < 0.05 and abs(float(jnp.mean(big))) < 0.05
+
+
+def test_low_rank_openai_es_asks_perturbs_and_tells_alike():
+    strategy = es.make_openai_es(8, sigma=0.3, optimizer=optax.sgd(1.0), low_rank=2, param_shapes=SHAPES)
+    state = strategy.init(jnp.linspace(-1.0, 1.0, NUM_DIMS))
+    members = jnp.arange(8)
+    asked = strategy.ask(state, KEY, members)
+    # Member i is the mean plus sign(i) sigma eps_{i // 2}, any subset regenerated alike.
+    noise = jnp.stack([es.low_rank_pair_noise(KEY, k, SHAPES, 2) for k in range(4)])
+    np.testing.assert_allclose(asked[0::2], state.mean + 0.3 * noise, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(asked[1::2], state.mean - 0.3 * noise, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(strategy.ask(state, KEY, jnp.array([5, 2])), asked[jnp.array([5, 2])], rtol=1e-6)
+    perturbation = strategy.perturb(state, KEY, 1, 3)
+    np.testing.assert_allclose(jax.vmap(es.flatten_factors)(perturbation.noise), noise[1:], rtol=1e-5,
+                               atol=1e-6)
+    # tell: the search gradient of these very members, sgd(1) steps by it exactly.
+    fitness = jnp.array([3.0, 1.0, 0.0, 2.0, 5.0, 4.0, 7.0, 6.0])
+    shaped = es.centred_ranks(fitness)
+    ascent = (shaped[0::2] - shaped[1::2]) @ noise / (8 * 0.3)
+    new_state, _ = strategy.tell(state, KEY, fitness)
+    np.testing.assert_allclose(new_state.mean - state.mean, ascent, rtol=1e-5, atol=1e-6)
+    with pytest.raises(PodracerError, match="param_shapes"):
+        es.make_openai_es(8, sigma=0.3, optimizer=optax.sgd(1.0), low_rank=2)
+
+
 # ---------------------------------------------------------------- OpenAI-ES
 
 

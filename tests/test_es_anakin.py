@@ -4,6 +4,7 @@ import json
 import subprocess
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,9 +13,10 @@ from conftest import LAUNCHER, PYTHON
 from podracer import es
 from podracer.protocol import parallel
 from podracer.anakin.env import make_env
-from podracer.anakin.es import make_anakin_es, make_episode_fn
+from podracer.anakin.es import (_make_parts, make_anakin_es, make_episode_fn, make_fitness_fn,
+                                 make_pair_episode_fn, make_pair_fitness_fn)
 from podracer.errors import PodracerError
-from podracer.networks import make_policy_network
+from podracer.networks import apply_antithetic, make_policy_network
 
 SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
 
@@ -39,8 +41,8 @@ def _run(env_id, config, devices, calls, strategy=None):
 
 
 def test_episode_return_stops_at_the_first_episode_end():
-    # Always pushing right topples CartPole within a few dozen steps; the env then
-    # auto-resets and would keep paying +1 per step if the return were not masked.
+    # Always pushing right topples CartPole within a few dozen steps; the episode then
+    # starts again and would keep paying +1 per step if the return were not masked.
     env = make_env("CartPole-v1")
     episode = make_episode_fn(env, lambda params, obs: jnp.int32(1), horizon=200, normalize=False)
     episode_return, seen = jax.jit(lambda key: episode(None, key, None))(jax.random.PRNGKey(0))
@@ -53,6 +55,59 @@ def test_episode_return_stops_at_the_first_episode_end():
         length += 1
     assert 5 < length < 100
     assert float(episode_return) == length
+
+
+def test_after_the_end_an_episode_starts_again_from_its_first_state():
+    env = make_env("CartPole-v1")
+    first_state, first = env.reset(jax.random.PRNGKey(1))
+    key = jax.random.PRNGKey(2)
+    # Before the end: exactly `step(key, ...)`.
+    ours = env.step_with(env.draw_restarting(key, first.obs, first_state), first_state, jnp.int32(1))
+    theirs = env.step(key, first_state, jnp.int32(1))
+    jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+    # At the end: back to the first state, where `step` would draw a new one.
+    state = first_state
+    for _ in range(200):
+        state, timestep = env.step_with(env.draw_restarting(key, first.obs, first_state), state,
+                                        jnp.int32(1))
+        if timestep.terminated:
+            break
+    assert bool(timestep.terminated)
+    np.testing.assert_array_equal(timestep.obs, first.obs)
+    jax.tree.map(np.testing.assert_array_equal, state.inner, first_state.inner)
+    assert not np.array_equal(env.step(key, state, jnp.int32(1))[1].obs, first.obs)
+
+
+@pytest.mark.parametrize("env_id, normalize, episodes", [("CartPole-v1", False, 1),
+                                                         ("Pendulum-v1", True, 2)])
+def test_a_pair_evaluates_as_its_two_members(env_id, normalize, episodes):
+    """The pair path (both members acting together, sharing the mean's products)
+    gives each member the fitness, and ARS V2 the statistics, of its own episodes."""
+    env = make_env(env_id)
+    policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, SMALL)
+    flat, unravel = jax.flatten_util.ravel_pytree(policy.init(jax.random.PRNGKey(0), jnp.zeros(env.spec.obs_shape)))
+    eps = jax.random.normal(jax.random.PRNGKey(3), flat.shape)
+    stats = es.observation_stats(jax.random.normal(jax.random.PRNGKey(2), (50,) + env.spec.obs_shape))
+    key, scale = jax.random.PRNGKey(3), 0.5
+    fitness = make_fitness_fn(make_episode_fn(env, policy.apply, 80, normalize), unravel, episodes,
+                              normalize)
+    pair_act = lambda mean, noise, s, obs: apply_antithetic(policy, mean, noise, s, obs)
+    pair_fitness = make_pair_fitness_fn(make_pair_episode_fn(env, pair_act, 80, normalize), unravel,
+                                        episodes, normalize)
+    pair, pair_seen = jax.jit(pair_fitness)(flat, scale, eps, key, stats)
+    plus, plus_seen = jax.jit(fitness)(flat + scale * eps, key, stats)
+    minus, minus_seen = jax.jit(fitness)(flat - scale * eps, key, stats)
+    assert float(plus) != float(minus)  # two different members
+    np.testing.assert_allclose(pair, [plus, minus], rtol=1e-4)
+    if normalize:
+        both = es.reduce_stats(jax.tree.map(lambda a, b: jnp.stack([a, b]), plus_seen, minus_seen))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), pair_seen, both)
+    else:
+        assert pair_seen == ()
+    # make_anakin_es takes this path for its MLP policy with low-rank noise.
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    assert _make_parts(env, policy, es.ESConfig(population=4, low_rank=1), mesh, None).pair_fitness
+    assert _make_parts(env, policy, es.ESConfig(population=4), mesh, None).pair_fitness is None
 
 
 def test_normalized_episode_reports_only_the_observations_before_the_end():
@@ -93,6 +148,8 @@ def test_config_rejects_settings_that_cannot_work():
         es.ESConfig(variant="cma")
     with pytest.raises(ValueError, match="ARS variants only"):
         es.ESConfig(top_directions=4)
+    with pytest.raises(ValueError, match="--low-rank applies to --variant=openai only"):
+        es.ESConfig(variant="ars_v1", low_rank=1)
     with pytest.raises(PodracerError, match="population=12"):
         _anakin_es("CartPole-v1", es.ESConfig(population=12), jax.devices())
 
@@ -119,6 +176,19 @@ def test_same_step_on_1_and_8_devices(env_id, variant):
     for a, b in zip(m1, m8):
         np.testing.assert_allclose(a["fitness_mean"], b["fitness_mean"], rtol=1e-4)
         np.testing.assert_allclose(a["mean_params_return"], b["mean_params_return"], rtol=1e-4)
+
+
+def test_low_rank_es_matches_on_1_and_8_devices_and_learns():
+    config = es.ESConfig(population=16, horizon=200, generations_per_call=4, eval_episodes=8,
+                         low_rank=1)
+    one, m1, _ = _run("CartPole-v1", config, jax.devices()[:1], calls=2)
+    eight, m8, _ = _run("CartPole-v1", config, jax.devices(), calls=2)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 one.strategy, eight.strategy)
+    for a, b in zip(m1, m8):
+        np.testing.assert_allclose(a["fitness_mean"], b["fitness_mean"], rtol=1e-4)
+    _, history, _ = _run("CartPole-v1", config, jax.devices()[:1], calls=6)
+    assert history[0]["mean_params_return"] < 100 and history[-1]["mean_params_return"] >= 150
 
 
 # ---------------------------------------------------------------- command line

@@ -105,6 +105,35 @@ def test_same_update_on_1_and_8_devices(name, mesh1, mesh8):
     assert not np.allclose(state.mean, initial.mean)  # the comparison is not vacuous
 
 
+def pair_quadratic(mean, scale, noise, key):
+    """`noisy_quadratic` of both members of a pair, from the factored perturbation."""
+    return jnp.stack([noisy_quadratic(mean + scale * noise, key), noisy_quadratic(mean - scale * noise, key)])
+
+
+@pytest.mark.parametrize("name", ["openai_es", "ars"])
+def test_pair_path_is_the_member_path(name, mesh1, mesh8):
+    """A pair fitness sees each pair's factored perturbation and key: the same update."""
+    strategy = strategies()[name]
+    initial = strategy.init(jnp.linspace(0.5, -0.5, 6))
+    expected, _, _ = reference_generations(strategy, initial, KEY)
+    calls = []
+
+    def counted(mean, scale, noise, key):
+        calls.append(noise.shape)
+        return pair_quadratic(mean, scale, noise, key)
+
+    for mesh in (mesh1, mesh8):
+        step = es.make_sharded_step(strategy, noisy_quadratic, mesh, generations_per_call=GENERATIONS,
+                                    pair_fitness_fn=counted)
+        state, _ = step(initial, KEY)
+        assert_trees_close(state, expected, rtol=1e-5, atol=1e-6)
+    assert calls and all(shape == (6,) for shape in calls)  # traced, one pair at a time
+    # A pair fitness of the wrong shape is refused in one line.
+    with pytest.raises(PodracerError, match="shape \\(2,\\)"):
+        es.make_sharded_step(strategy, noisy_quadratic, mesh1,
+                             pair_fitness_fn=lambda *args: pair_quadratic(*args)[0])(initial, KEY)
+
+
 def test_normalized_step_matches_on_1_and_8_devices(mesh1, mesh8):
     strategy = strategies()["ars"]
     initial = strategy.init(jnp.zeros(6))

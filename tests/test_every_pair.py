@@ -3,7 +3,7 @@
 One run per pair carries the flags that combine (`--wandb` offline, `--profile`,
 `--checkpoint-every`, `--cpu-devices`, `--record-dataset`); `--num-processes`
 and `--init-from-dataset` get runs of their own. Each flag's effect is checked
-in what the run wrote, and the four summaries are checked to mean the same.
+in what the run wrote, and the six summaries are checked to mean the same.
 """
 
 import json
@@ -19,11 +19,14 @@ PAIRS = {
     ("anakin", "es"): ["--population=8", "--generations-per-call=2", "--eval-episodes=2", "--horizon=50",
                        "--total-steps=3200"],
     ("sebulba", "ppo"): ["--num-envs=4", "--rollout-len=16", "--total-steps=1024"],
+    ("anakin", "impala"): ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=2048",
+                           "--minibatches=2"],
+    ("sebulba", "impala"): ["--num-envs=4", "--rollout-len=16", "--total-steps=1024", "--minibatches=1"],
     ("sebulba", "es"): ["--population=8", "--eval-episodes=2", "--total-steps=1500"],
 }
 IDS = [f"{arch}-{algo}" for arch, algo in PAIRS]
 CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
-                    ("sebulba", "es"): 300}
+                    ("sebulba", "es"): 300, ("anakin", "impala"): 256, ("sebulba", "impala"): 128}
 RECORD_EPISODES = 3
 
 
@@ -94,7 +97,8 @@ def test_record_dataset_writes_the_trained_policys_episodes(combined):
 
 COMMON_KEYS = {"arch": str, "algo": str, "env": str, "env_steps": int, "sps": float,
                "episode_return_mean": float, "devices": int, "processes": int, "compile_s": float,
-               "train_s": float, "wall_s": float, "params_fingerprints": list, "config": dict}
+               "train_s": float, "wall_s": float, "time_to_first_step_s": float, "compile_cache": dict,
+               "params_fingerprints": list, "config": dict}
 
 
 def test_the_summaries_common_keys_mean_the_same(combined):
@@ -105,6 +109,9 @@ def test_the_summaries_common_keys_mean_the_same(combined):
     total = int(next(f for f in PAIRS[pair] if f.startswith("--total-steps")).split("=")[1])
     assert summary["env_steps"] >= total and summary["sps"] > 0
     assert summary["wall_s"] > summary["train_s"] > 0 and summary["compile_s"] > 0
+    assert summary["time_to_first_step_s"] > summary["compile_s"]  # from the process's start
+    assert summary["compile_cache"]["dir"] == os.environ["PODRACER_COMPILE_CACHE"]  # conftest's
+    assert summary["compile_cache"]["hits"] + summary["compile_cache"]["misses"] > 0
     assert summary["processes"] == len(summary["params_fingerprints"]) == 1
     assert summary["resumed_from_env_steps"] is None
     assert summary["config"]["run"]["arch"] == pair[0] and summary["config"]["checkpoint"][

@@ -112,7 +112,8 @@ def test_wandb_without_the_package_fails_before_compiling(tmp_path):
 
 @pytest.mark.parametrize("triple", [("anakin", "ppo", "CartPole-v1"), ("anakin", "ppo", "Pendulum-v1"),
                                     ("sebulba", "ppo", "Pong-v5"), ("anakin", "es", "Pendulum-v1"),
-                                    ("sebulba", "es", "CartPole-v1")])
+                                    ("sebulba", "es", "CartPole-v1"), ("sebulba", "impala", "Pong-v5"),
+                                    ("anakin", "impala", "CartPole-v1")])
 def test_print_config_is_the_preset_over_the_defaults(triple, capsys):
     from podracer.orchestrate.cli import main
     from podracer.orchestrate.parse import SECTIONS

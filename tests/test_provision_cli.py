@@ -800,3 +800,26 @@ def test_detach_leaves_the_run_and_attach_follows_it_to_the_end(cli, service, gc
     gcs_bucket.blob(logs + "worker-0.exit").upload_from_string("0")
     status, out, err = cli(run_dir, verb="attach", slice_flags=False)
     assert (status, err) == (0, "") and "the run has finished and TPU slice-1 is gone" in out
+
+
+def test_a_slice_its_workers_deleted_at_the_end_is_not_created_again(cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4]
+    done = []
+
+    def workers_finish_and_delete_their_slice():
+        if done:
+            return
+        done.append(1)
+        run_dir = service.requests_of("CreateNode")[0].node.metadata[api_requests.RUN_DIR_KEY]
+        logs = run_dir.removeprefix(BUCKET + "/") + "/logs/"
+        for worker in range(4):
+            gcs_bucket.blob(f"{logs}worker-{worker}.log").upload_from_string("done\n")
+            gcs_bucket.blob(f"{logs}worker-{worker}.exit").upload_from_string("0")
+        service.nodes.clear()  # worker 0's own `down`
+
+    service.on_call("GetGuestAttributes", workers_finish_and_delete_their_slice, after_effect=True)
+    status, out, err = cli("--max-restarts=3", *TRAINING)
+
+    assert (status, err) == (0, "")
+    assert "the run finished on every worker, and TPU slice-1 is gone" in out
+    assert service.methods_called().count("CreateNode") == 1

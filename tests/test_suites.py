@@ -119,6 +119,7 @@ def test_a_missing_suite_is_one_line_naming_its_extra(monkeypatch):
     from podracer.errors import PodracerError
 
     monkeypatch.setitem(__import__("sys").modules, "navix", None)  # as if not installed
+    make_env.cache_clear()  # an environment made by an earlier test would be answered from the cache
     with pytest.raises(PodracerError, match=r'needs navix: pip install -e "\.\[navix\]"') as err:
         make_env("navix:Navix-Empty-5x5-v0")
     assert "\n" not in str(err.value)

@@ -12,6 +12,10 @@ vmaps it):
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib.util
+import sys
+import types
 from typing import Any, NamedTuple
 
 import jax
@@ -87,10 +91,60 @@ def _is_envpool_id(env_id: str) -> bool:
     return env_id in envpool.list_all_envs()
 
 
-def gymnax_ids() -> list[str]:
+# Imported by gymnax at import time for its `render` methods only; loaded on first use.
+_RENDERING_MODULES = ("seaborn", "matplotlib.pyplot")
+
+
+def import_gymnax():
+    """gymnax, without importing its plotting libraries until something draws.
+
+    gymnax imports matplotlib's pyplot and seaborn (and through it pandas and
+    scipy) when it is imported, only for its environments' `render` methods:
+    about 1.2 of the 1.4 s its import takes on a 2-core CPU. Those two modules
+    are put in `sys.modules` as stand-ins that import the real module at the
+    first attribute asked of them, so rendering still works.
+    """
+    if "gymnax" not in sys.modules:
+        for name in _RENDERING_MODULES:
+            if name not in sys.modules:
+                _OnFirstUse.install(name)
     import gymnax
 
-    return list(gymnax.registered_envs)
+    return gymnax
+
+
+class _OnFirstUse(types.ModuleType):
+    """A module that imports the real one at the first attribute it lacks, then forwards to it.
+
+    (`importlib.util.LazyLoader` would load at once on Python 3.11: the import
+    system reads every module's `__spec__`, which for it counts as a use.)
+    """
+
+    @classmethod
+    def install(cls, name: str) -> None:
+        try:
+            spec = importlib.util.find_spec(name)  # imports a parent package (matplotlib) for real
+        except ImportError:
+            return
+        if spec is None:
+            return  # not installed: gymnax's own import says so
+        module = cls(name)
+        module.__spec__, module.__loader__, module.__file__ = spec, spec.loader, spec.origin
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
+
+    def __getattr__(self, attr: str):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        real = importlib.import_module(self.__name__)
+        self.__dict__.update(real.__dict__)
+        return getattr(real, attr)
+
+
+def gymnax_ids() -> list[str]:
+    return list(import_gymnax().registered_envs)
 
 
 class GymnaxEnv:
@@ -100,7 +154,7 @@ class GymnaxEnv:
     """
 
     def __init__(self, env_id: str):
-        import gymnax
+        gymnax = import_gymnax()
 
         if env_id not in gymnax.registered_envs:
             if _is_envpool_id(env_id):
@@ -152,6 +206,19 @@ class GymnaxEnv:
     def step(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         return self.step_with(self.draw(key), state, action)
 
+    def draw_restarting(self, key: jax.Array, obs: jax.Array, state: EnvState) -> StepDraws:
+        """The draws of `step(key, ...)`, but an episode that ends starts again from
+        `obs`/`state` (an earlier reset) instead of a new random one.
+
+        For a caller that ignores what follows the end of an episode (an ES
+        episode): the same steps up to that end, without drawing a reset at every
+        step. Environments that reset inside their own step draw as `draw`.
+        """
+        if not self._standard_step:
+            return StepDraws(key, None, None)
+        step_key, _ = jax.random.split(key)
+        return StepDraws(step_key, obs, state.inner)
+
     def draw(self, key: jax.Array) -> StepDraws:
         """Everything `step(key, ...)` draws: gymnax's own key split and reset."""
         if not self._standard_step:
@@ -195,9 +262,14 @@ class GymnaxEnv:
         return new_state, timestep
 
 
+@functools.lru_cache(maxsize=None)
 def make_env(env_id: str) -> GymnaxEnv:
     """The Anakin environment for `env_id`: a gymnax id (CartPole-v1, Pendulum-v1) or
-    `SUITE:ID` of a JAX suite (`podracer.anakin.suites`: brax, jumanji, craftax, navix)."""
+    `SUITE:ID` of a JAX suite (`podracer.anakin.suites`: brax, jumanji, craftax, navix).
+
+    Made once per id and process: an environment holds no state of its own, and
+    the command line's check of `--env` and the run then share it.
+    """
     from podracer.anakin import suites
 
     if suites.is_suite_id(env_id):

@@ -2,13 +2,17 @@
 
 A member's fitness is the mean return of `episodes_per_member` episodes of its
 deterministic policy, each a `lax.scan` of `horizon` steps on a gymnax env. The
-scan keeps stepping after an episode ends (the env auto-resets), but rewards
-stop counting at the first step that ends it (terminated or truncated), so the
-return is that of exactly one complete, or horizon-cut, episode. All of a
-device's members and episodes are vmapped; the ES protocol
-(`podracer.es.make_sharded_step`) does ask -> evaluate -> all-gather of the
-fitness scalars -> tell, `generations_per_call` times per host call. The same
-call then evaluates the new mean parameters (`mean_params_return`).
+scan keeps stepping after an episode ends (the env restarts it from its first
+state), but rewards stop counting at the first step that ends it (terminated or
+truncated), so the return is that of exactly one complete, or horizon-cut,
+episode. All of a device's members and episodes are vmapped. With low-rank
+noise (`ESConfig.low_rank`) a policy made of `nn.Dense` layers (the default
+`MLPPolicy`) is evaluated pair by pair, both members of an antithetic pair
+acting together, every member sharing the mean's matrix products and each
+layer's noise applied through its factors (`networks.apply_antithetic`). The ES
+protocol (`podracer.es.make_sharded_step`) does ask -> evaluate -> all-gather
+of the fitness scalars -> tell, `generations_per_call` times per host call. The
+same call then evaluates the new mean parameters (`mean_params_return`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from podracer.protocol import parallel
 from podracer.anakin.env import GymnaxEnv
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig, make_strategy
+from podracer.networks import apply_antithetic
 from podracer.normalize import RunningStats
 
 ActFn = Callable[[Any, jax.Array], jax.Array]
@@ -72,6 +77,10 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
                     axis_names=()):
     """`episode(params, key, obs_stats) -> (return, seen)`: one episode of a policy.
 
+    After the episode ends the environment starts it again from its first state
+    (`GymnaxEnv.draw_restarting`): those steps only fill the fixed-length scan,
+    and drawing a random reset at every step cost as much as the policy.
+
     Args:
       env: the Anakin environment (auto-resetting `step`).
       act_fn: `act_fn(params, obs) -> action`, deterministic, unbatched.
@@ -87,13 +96,15 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
     def episode(params, key: jax.Array, obs_stats: RunningStats):
         reset_key, steps_key = jax.random.split(key)
         env_state, timestep = env.reset(reset_key)
+        first_obs, first_state = timestep.obs, env_state
 
         def step(carry, step_key):
             env_state, obs, episode_return, alive = carry
             policy_obs = obs
             if normalize:
                 policy_obs = es.ars_normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
-            env_state, timestep = env.step(step_key, env_state, act_fn(params, policy_obs))
+            draws = env.draw_restarting(step_key, first_obs, first_state)
+            env_state, timestep = env.step_with(draws, env_state, act_fn(params, policy_obs))
             episode_return = episode_return + alive * timestep.reward
             ended = jnp.logical_or(timestep.terminated, timestep.truncated)
             next_alive = alive * (1.0 - ended.astype(jnp.float32))
@@ -107,6 +118,78 @@ def make_episode_fn(env: GymnaxEnv, act_fn: ActFn, horizon: int, normalize: bool
         return episode_return, seen
 
     return episode
+
+
+def make_pair_episode_fn(env: GymnaxEnv, pair_act_fn: Callable, horizon: int, normalize: bool,
+                         axis_names=()):
+    """`pair_episode(mean, scale, noise, key, obs_stats) -> (returns [2], seen)`.
+
+    One episode of each member of an antithetic pair, the two acting together:
+    `pair_act_fn(mean, noise, scale, obs [2, ...]) -> actions [2]` acts with
+    `mean + scale * noise` on row 0 and `mean - scale * noise` on row 1 (e.g.
+    `networks.apply_antithetic`). Both members' environments see the randomness
+    `make_episode_fn`'s episode sees on `key`, which both members of a pair are
+    given, so each row is that episode of its member. `seen` merges both
+    members' observation statistics (`()` unless `normalize`).
+    """
+
+    def pair_episode(mean, scale, noise, key: jax.Array, obs_stats: RunningStats):
+        reset_key, steps_key = jax.random.split(key)
+        env_state, timestep = env.reset(reset_key)
+        first_obs, first_state = timestep.obs, env_state
+        both = lambda x: jnp.stack([x, x])
+
+        def step(carry, step_key):
+            env_state, obs, episode_return, alive = carry
+            policy_obs = obs
+            if normalize:
+                policy_obs = es.ars_normalize(obs_stats, obs.reshape(2, -1)).reshape(obs.shape)
+            action = pair_act_fn(mean, noise, scale, policy_obs)
+            draws = env.draw_restarting(step_key, first_obs, first_state)
+            env_state, timestep = jax.vmap(env.step_with, in_axes=(None, 0, 0))(draws, env_state, action)
+            episode_return = episode_return + alive * timestep.reward
+            ended = jnp.logical_or(timestep.terminated, timestep.truncated)
+            next_alive = alive * (1.0 - ended.astype(jnp.float32))
+            return (env_state, timestep.obs, episode_return, next_alive), (obs, alive)
+
+        zero, one = jnp.zeros((2,), jnp.float32), jnp.ones((2,), jnp.float32)
+        carry = parallel.vary((jax.tree.map(both, env_state), both(timestep.obs), zero, one), axis_names)
+        (_, _, episode_return, _), (obs_t, alive_t) = jax.lax.scan(
+            step, carry, jax.random.split(steps_key, horizon))
+        seen = ()
+        if normalize:
+            per_member = jax.vmap(es.observation_stats, in_axes=(1, 1))(
+                obs_t.reshape(horizon, 2, -1), alive_t)
+            seen = es.reduce_stats(per_member)
+        return episode_return, seen
+
+    return pair_episode
+
+
+def make_pair_fitness_fn(pair_episode, unravel: Callable, episodes_per_member: int, normalize: bool):
+    """`pair_fitness(mean, scale, noise, key, obs_stats) -> (fitness [2], seen)`.
+
+    What `make_fitness_fn`'s `fitness` gives each member of the antithetic pair
+    `mean +- scale * noise` on `key`, from `pair_episode` (from
+    `make_pair_episode_fn`): the same keys, so the same episodes. `mean` is
+    flat; `noise` flat too, or leaf by leaf (`es.low_rank_pair_factors`).
+    """
+
+    def pair_fitness(mean, scale, noise, key, obs_stats):
+        mean_tree = unravel(mean)
+        if isinstance(noise, (list, tuple)):
+            noise = jax.tree.unflatten(jax.tree.structure(mean_tree), list(noise))
+        else:
+            noise = unravel(noise)
+        mean = mean_tree
+        if episodes_per_member == 1:
+            return pair_episode(mean, scale, noise, key, obs_stats)
+        keys = jax.random.split(key, episodes_per_member)
+        returns, seen = jax.vmap(pair_episode, in_axes=(None, None, None, 0, None))(
+            mean, scale, noise, keys, obs_stats)
+        return jnp.mean(returns, axis=0), (es.reduce_stats(seen) if normalize else ())
+
+    return pair_fitness
 
 
 def make_fitness_fn(episode, unravel: Callable, episodes_per_member: int, normalize: bool):
@@ -133,6 +216,7 @@ class _ESParts(NamedTuple):
     layout: AnakinESLayout
     strategy: es.Strategy
     member_fitness: Callable  # (flat_params, key, obs_stats) -> (fitness, seen)
+    pair_fitness: Callable | None  # (mean, scale, noise, key, obs_stats) -> (fitness [2], seen)
     evaluate_mean: Callable  # (mean, obs_stats, key) -> mean return, over the mesh
     init: Callable  # key -> ESRunner
 
@@ -141,18 +225,29 @@ def _make_parts(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
                 strategy: es.Strategy | None) -> _ESParts:
     """What the fused step and the profile-mode phases share."""
     layout = make_es_layout(config, env, mesh)
-    strategy = make_strategy(config) if strategy is None else strategy
+    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
+    shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
+    param_shapes = [leaf.shape for leaf in jax.tree.leaves(shapes)]
+    strategy = make_strategy(config, param_shapes) if strategy is None else strategy
     if strategy.population_size != config.population:
         raise PodracerError(f"the strategy's population ({strategy.population_size}) differs "
                             f"from --population={config.population}")
     normalize = config.normalize_observations
     axes = (parallel.DATA_AXIS,)
     obs_dim = math.prod(env.spec.obs_shape)
-    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
-    shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
     _, unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
     episode = make_episode_fn(env, policy.apply, layout.horizon, normalize, axes)
     member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, normalize)
+    pair_fitness = None
+    if config.low_rank and _all_dense(policy, shapes, dummy_obs):
+        # A pair's members share the mean's matrix products (networks.apply_antithetic), and
+        # each layer's rank-r noise is applied through its factors. (Full-rank pairs were
+        # measured too: no faster here, the products with each pair's noise as costly as
+        # each member's own kernel; members are evaluated one by one.)
+        pair_act = lambda mean, noise, scale, obs: apply_antithetic(policy, mean, noise, scale, obs)
+        pair_episode = make_pair_episode_fn(env, pair_act, layout.horizon, normalize, axes)
+        pair_fitness = make_pair_fitness_fn(pair_episode, unravel, config.episodes_per_member,
+                                            normalize)
 
     # Evaluation episodes are split over the devices by global index, so the
     # figure does not depend on the device count.
@@ -171,7 +266,18 @@ def _make_parts(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
         return ESRunner(strategy.init(flat), es.init_running_stats(obs_dim), run_key)
 
     evaluate_mean = jax.shard_map(evaluate_mean, mesh=mesh, in_specs=P(), out_specs=P())
-    return _ESParts(layout, strategy, member_fitness, evaluate_mean, init)
+    return _ESParts(layout, strategy, member_fitness, pair_fitness, evaluate_mean, init)
+
+
+def _all_dense(policy: nn.Module, shapes, dummy_obs) -> bool:
+    """Whether `networks.apply_antithetic` can evaluate `policy` (its parameters all `nn.Dense`'s)."""
+    variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    try:
+        jax.eval_shape(lambda v, o: apply_antithetic(policy, v, v, 1.0, o), variables,
+                       jnp.stack([dummy_obs, dummy_obs]))
+    except Exception:  # noqa: BLE001  (other layers, or no batch of two: member by member)
+        return False
+    return True
 
 
 def _split_keys(key: jax.Array, generations: int):
@@ -195,14 +301,17 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
     `mean`; its population must be `config.population`.
     """
     parts = _make_parts(env, policy, config, mesh, strategy)
-    member_fitness = parts.member_fitness
+    member_fitness, pair_fitness = parts.member_fitness, parts.pair_fitness
     if config.normalize_observations:
         generations = es.make_sharded_step_normalized(
-            parts.strategy, member_fitness, mesh, generations_per_call=config.generations_per_call)
+            parts.strategy, member_fitness, mesh, generations_per_call=config.generations_per_call,
+            pair_fitness_fn=pair_fitness)
     else:
+        pair = None if pair_fitness is None else (
+            lambda mean, scale, noise, key: pair_fitness(mean, scale, noise, key, None)[0])
         sharded = es.make_sharded_step(
             parts.strategy, lambda params, key: member_fitness(params, key, None)[0], mesh,
-            generations_per_call=config.generations_per_call)
+            generations_per_call=config.generations_per_call, pair_fitness_fn=pair)
 
         def generations(state, obs_stats, key):
             state, metrics = sharded(state, key)
@@ -217,7 +326,7 @@ def make_anakin_es(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Me
         return ESRunner(state, obs_stats, key), metrics
 
     everywhere = parallel.replicated(mesh)
-    return (jax.jit(parts.init, out_shardings=everywhere),
+    return (jax.jit(parts.init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
             jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
 
 
@@ -241,7 +350,11 @@ def make_anakin_es_phases(env: GymnaxEnv, policy: nn.Module, config: ESConfig, m
     normalize = config.normalize_observations
     fitness = parts.member_fitness if normalize else (
         lambda params, key, _: (parts.member_fitness(params, key, None)[0], ()))
-    evaluate, tell = es.make_sharded_phases(parts.strategy, fitness, mesh, normalize=normalize)
+    pair = parts.pair_fitness
+    if pair is not None and not normalize:
+        pair = lambda mean, scale, noise, key, _: (parts.pair_fitness(mean, scale, noise, key, None)[0], ())
+    evaluate, tell = es.make_sharded_phases(parts.strategy, fitness, mesh, normalize=normalize,
+                                            pair_fitness_fn=pair)
     everywhere = parallel.replicated(mesh)
     jit = lambda fn: jax.jit(fn, in_shardings=everywhere, out_shardings=everywhere)
 

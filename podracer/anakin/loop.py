@@ -21,7 +21,8 @@ from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
 from podracer.distributions import sampling_noise
 from podracer.errors import PodracerError
-from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, make_update, policy_inputs
+from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, policy_inputs
+from podracer.ppo import make_update as ppo_make_update
 from podracer.types import TrainState
 
 
@@ -58,10 +59,9 @@ class AnakinLayout(NamedTuple):
 def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh) -> AnakinLayout:
     num_devices = mesh.devices.size
     envs_per_device = parallel.split_evenly(config.num_envs, num_devices, "environments", "--num-envs")
-    if config.rollout_len % ppo_config.minibatches:
-        raise PodracerError(
-            f"--rollout-len={config.rollout_len} does not split into --minibatches="
-            f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
+    problem = ppo_config.batch_problem(config.rollout_len, envs_per_device)
+    if problem:
+        raise PodracerError(problem)
     return AnakinLayout(num_devices, envs_per_device, config.num_envs * config.rollout_len)
 
 
@@ -111,8 +111,12 @@ class Experience(NamedTuple):
 
 
 def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation,
-                ppo_config: PPOConfig, config: AnakinConfig, mesh: Mesh):
+                ppo_config: PPOConfig, config: AnakinConfig, mesh: Mesh,
+                make_update: Callable = ppo_make_update):
     """Per-device `init(key)`, `act(runner) -> (runner, experience)` and `learn(train, experience)`.
+
+    `make_update` builds the learner's update from `ppo_config` (PPO's, or any
+    with its signature: `podracer.vtrace.make_update` with an `ImpalaConfig`).
 
     One update is `act` then `learn`; Anakin fuses them into one program,
     profile mode compiles them apart. Returns them with the mesh axes they use.
@@ -205,14 +209,16 @@ def make_anakin(
     ppo_config: PPOConfig,
     config: AnakinConfig,
     mesh: Mesh,
+    make_update: Callable = ppo_make_update,
 ) -> tuple[Callable[[jax.Array], RunnerState], Callable[[RunnerState], tuple[RunnerState, Any]]]:
     """Build the jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)`.
 
-    `train` runs `config.updates_per_call` updates and donates its input. Its
+    `train` runs `config.updates_per_call` updates and donates its input; the
+    update is `make_update`'s (PPO's by default, IMPALA's with an `ImpalaConfig`). Its
     metrics are stacked over those updates: the PPO losses plus `episodes`,
     `episode_return_sum` and `episode_length_sum` of episodes that ended.
     """
-    init, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh)
+    init, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh, make_update)
 
     def train_step(runner: RunnerState, _):
         runner, experience = act(runner)
@@ -225,7 +231,7 @@ def make_anakin(
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
     check = bool(axes) and getattr(env, "check_vma", True)  # navix: see suites.navix_env
     init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=_RUNNER_SPECS,
-                                         check_vma=check))
+                                         check_vma=check), compiler_options=parallel.run_once_options(mesh))
     train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(_RUNNER_SPECS,),
                                           out_specs=(_RUNNER_SPECS, P()), check_vma=check),
                             donate_argnums=0)
@@ -239,6 +245,7 @@ def make_anakin_phases(
     ppo_config: PPOConfig,
     config: AnakinConfig,
     mesh: Mesh,
+    make_update: Callable = ppo_make_update,
 ) -> tuple[Callable, Callable]:
     """One update as two jitted, sharded programs, for profile mode to time apart.
 
@@ -247,7 +254,7 @@ def make_anakin_phases(
     Together they compute what one step of `make_anakin`'s `train` computes,
     with one host round trip in between instead of none.
     """
-    _, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh)
+    _, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh, make_update)
     check = bool(axes) and getattr(env, "check_vma", True)  # navix: see suites.navix_env
     act_sharded = jax.jit(jax.shard_map(act, mesh=mesh, in_specs=(_RUNNER_SPECS,),
                                         out_specs=(_RUNNER_SPECS, _EXPERIENCE_SPECS), check_vma=check))

@@ -18,11 +18,11 @@ from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.loop import make_anakin, make_anakin_phases, make_layout
+from podracer.actor_critic import actor_critic
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
 from podracer.data.record import ppo_policy
 from podracer.networks import make_network
-from podracer.ppo.config import PPO_FIX
 from podracer.protocol import parallel
 from podracer.session.session import RunSession
 
@@ -45,7 +45,8 @@ def _interval_metrics(metrics) -> dict:
 
 def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
     """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases."""
-    run, ppo_config, anakin = configs["run"], configs["ppo"], configs["anakin"]
+    run, anakin = configs["run"], configs["anakin"]
+    algo, ppo_config = actor_critic(configs)
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
     layout = make_layout(anakin, ppo_config, mesh)
@@ -58,13 +59,14 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     num_updates = num_calls * anakin.updates_per_call
     optimizer = make_optimizer(configs["optimizer"],
                                num_updates * ppo_config.epochs * ppo_config.minibatches)
-    init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh)
-    phases = make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh) if profile else None
+    init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
+    phases = (make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
+              if profile else None)
     return Program(env, network, layout, Calls(0, num_calls, steps_per_call), init, train, phases)
 
 
-def train_ppo(configs: dict[str, Any], devices=None):
-    """Train PPO with Anakin on `devices` (default: all); returns (summary, final runner).
+def train_actor_critic(configs: dict[str, Any], devices=None):
+    """Train PPO or IMPALA (`--algo`) with Anakin on `devices` (default: all); returns (summary, final runner).
 
     `configs` maps section names to config dataclasses, as
     `podracer.orchestrate.cli.parse_configs` returns them. A run directory with
@@ -74,7 +76,8 @@ def train_ppo(configs: dict[str, Any], devices=None):
     programs, timed apart (`podracer.anakin.profiled`).
     """
     session = RunSession(configs)
-    run, ppo_config, updates_per_call = configs["run"], configs["ppo"], configs["anakin"].updates_per_call
+    run, updates_per_call = configs["run"], configs["anakin"].updates_per_call
+    algo, ppo_config = actor_critic(configs)
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
@@ -92,7 +95,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
         row = _interval_metrics(metrics)
         env_steps = (call + 1) * calls.steps_per_call
         session.check_finite(row.pop("finite"), f"update {(call + 1) * updates_per_call}", env_steps,
-                             PPO_FIX)
+                             algo.fix)
         row.update(env_steps=env_steps,
                    sps=(call + 1 - calls.start) * calls.steps_per_call / session.elapsed())
         session.log(row)
@@ -107,5 +110,8 @@ def train_ppo(configs: dict[str, Any], devices=None):
         extra={"updates": outcome.calls * updates_per_call},
         stopped=outcome.stopped,
         policy=lambda: ppo_policy(outcome.runner.train, built.network.apply, ppo_config,
-                                  session.data.record_deterministic))
+                                  session.data.record_deterministic, algo.name))
     return summary, outcome.runner
+
+
+train_ppo = train_actor_critic  # PPO's name, from before IMPALA shared the driver

@@ -44,14 +44,17 @@ class Policy(NamedTuple):
 
     act_fn: ActFn
     params: Any  # act_fn's first argument: a pytree of arrays (host, device or global)
-    name: str  # metadata.json's "policy": "ppo" or "es"
+    name: str  # metadata.json's "policy": "ppo", "impala" or "es"
     deterministic: bool  # metadata.json's "deterministic"
 
 
 def ppo_policy(train_state, apply_fn: Callable, ppo_config: PPOConfig,
-               deterministic: bool = False) -> Policy:
-    """A PPO `TrainState`'s policy (`policy_act_fn`): a sampled action, or the most likely one."""
-    return Policy(policy_act_fn(apply_fn, ppo_config, deterministic), train_state, "ppo",
+               deterministic: bool = False, name: str = "ppo") -> Policy:
+    """An actor-critic `TrainState`'s policy (`policy_act_fn`): a sampled action, or the most likely one.
+
+    `name` is the algorithm that trained it (PPO or IMPALA: the same actor-critic).
+    """
+    return Policy(policy_act_fn(apply_fn, ppo_config, deterministic), train_state, name,
                   deterministic)
 
 

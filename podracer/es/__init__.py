@@ -20,8 +20,12 @@ settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`; Anakin E
 from podracer.es.ars import ARSState, ars_step, make_ars
 from podracer.es.config import VARIANTS, ESConfig, make_strategy
 from podracer.es.noise import (
+    LowRank,
     all_pair_noise,
     antithetic_sign,
+    flatten_factors,
+    low_rank_pair_factors,
+    low_rank_pair_noise,
     member_noise,
     pair_noise,
     population_noise,
@@ -29,7 +33,7 @@ from podracer.es.noise import (
 )
 from podracer.es.openai_es import OpenAIESState, centred_ranks, make_openai_es, openai_es_gradient
 from podracer.es.sharded import make_sharded_phases, make_sharded_step, make_sharded_step_normalized
-from podracer.es.strategy import Strategy, fitness_metrics
+from podracer.es.strategy import Perturbation, Strategy, fitness_metrics
 
 # ARS V2's observation statistics are the package-wide ones PPO also uses.
 from podracer.normalize import (
@@ -47,6 +51,8 @@ __all__ = (
     "ESConfig",
     "OpenAIESState",
     "RunningStats",
+    "LowRank",
+    "Perturbation",
     "Strategy",
     "VARIANTS",
     "all_pair_noise",
@@ -58,6 +64,9 @@ __all__ = (
     "init_running_stats",
     "make_ars",
     "make_openai_es",
+    "flatten_factors",
+    "low_rank_pair_factors",
+    "low_rank_pair_noise",
     "make_sharded_phases",
     "make_sharded_step",
     "make_sharded_step_normalized",

@@ -16,8 +16,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from podracer.es.noise import pair_noise, population_noise, split_pairs
-from podracer.es.strategy import Strategy, check_positive, fitness_metrics
+from podracer.es.noise import all_pair_noise, pair_noise, population_noise, split_pairs
+from podracer.es.strategy import Perturbation, Strategy, check_positive, fitness_metrics
 from podracer.errors import PodracerError
 
 
@@ -105,4 +105,8 @@ def make_ars(num_directions: int, top_directions: int, step_size: float, sigma: 
         }
         return ARSState(state.mean + step, state.generation + 1), metrics
 
-    return Strategy(init, ask, tell, population_size)
+    def perturb(state: ARSState, key: chex.PRNGKey, first_pair, num_pairs: int) -> Perturbation:
+        noise = all_pair_noise(key, num_pairs, state.mean.shape[0], first_pair)
+        return Perturbation(state.mean, jnp.asarray(sigma, jnp.float32), noise)
+
+    return Strategy(init, ask, tell, population_size, perturb)

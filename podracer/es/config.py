@@ -40,6 +40,8 @@ class ESConfig:
     """ARS only: directions kept for the update (b); 0 keeps all of them."""
     weight_decay: float = bounded(0.0, NON_NEGATIVE)
     """OpenAI-ES only: L2 coefficient on the mean parameters."""
+    low_rank: int = bounded(0, NON_NEGATIVE)
+    """OpenAI-ES only: 0 perturbs every weight matrix with full-rank Gaussian noise (the paper's); r > 0 with a rank-r product of Gaussian factors (EGGROLL-style, a different search distribution), which Anakin applies to all members at the cost of one shared matrix product per layer."""
     episodes_per_member: int = bounded(1, POSITIVE)
     """Episodes each member is evaluated on; its fitness is their mean return."""
     horizon: int = bounded(0, NON_NEGATIVE)
@@ -60,6 +62,8 @@ class ESConfig:
                              "drop it or choose --variant=ars_v1 or ars_v2")
         if self.variant != "openai" and self.weight_decay:
             raise ValueError("--weight-decay applies to --variant=openai only; drop it for ARS")
+        if self.variant != "openai" and self.low_rank:
+            raise ValueError("--low-rank applies to --variant=openai only; drop it for ARS")
         if self.top_directions > self.population // 2:
             raise ValueError(f"--top-directions must be at most --population / 2 = "
                              f"{self.population // 2}, got {self.top_directions}")
@@ -70,10 +74,14 @@ class ESConfig:
         return self.variant == "ars_v2"
 
 
-def make_strategy(config: ESConfig) -> Strategy:
-    """The `init / ask / tell` strategy `config` describes (fitness maximised)."""
+def make_strategy(config: ESConfig, param_shapes=None) -> Strategy:
+    """The `init / ask / tell` strategy `config` describes (fitness maximised).
+
+    `param_shapes`: the policy's parameter shapes in `ravel_pytree` order,
+    needed for `low_rank` noise.
+    """
     if config.variant == "openai":
         return make_openai_es(config.population, config.sigma, optax.adam(config.es_lr),
-                              config.weight_decay)
+                              config.weight_decay, config.low_rank, param_shapes)
     directions = config.population // 2
     return make_ars(directions, config.top_directions or directions, config.es_lr, config.sigma)

@@ -6,9 +6,16 @@ Member `i` of a generation perturbs the mean by `sign(i) * eps_{i // 2}`, with
 (mirrored sampling, Salimans et al. 2017; Mania et al. 2018), and a device that
 holds members `[i0, i0 + n)` draws exactly their noise from the shared
 generation key, without ever receiving a parameter-sized perturbation.
+
+Low-rank noise (`low_rank_pair_factors`) replaces each matrix's `eps` by a
+rank-`r` product of Gaussian factors; an evaluator that knows the factors
+computes `x @ eps` as `(x @ A) @ B^T`.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
 
 import chex
 import jax
@@ -68,3 +75,46 @@ def split_pairs(member_values: chex.Array) -> tuple[chex.Array, chex.Array]:
     """`[2P]` per-member values -> (`+eps` halves `[P]`, `-eps` halves `[P]`)."""
     chex.assert_rank(member_values, 1)
     return member_values[0::2], member_values[1::2]
+
+
+class LowRank(NamedTuple):
+    """A matrix perturbation `a @ b.T` (`a` [m, r] already scaled by `1 / sqrt(r)`, `b` [n, r])."""
+
+    a: chex.Array
+    b: chex.Array
+
+
+def low_rank_pair_factors(key: chex.PRNGKey, pair_index: chex.Numeric,
+                          shapes: Sequence[tuple[int, ...]], rank: int) -> list:
+    """`eps_k` of antithetic pair `k`, leaf by leaf, with rank-`rank` matrices.
+
+    The parameters are the leaves `shapes` (in `ravel_pytree` order). A matrix
+    leaf `[m, n]` gets `A B^T / sqrt(r)` with `A` [m, r] and `B` [n, r] standard
+    normal (EGGROLL-style low-rank perturbations: every entry still has unit
+    variance, entries of a matrix are correlated), as a `LowRank(A / sqrt(r),
+    B)`; any other leaf a standard normal array of its shape. Drawn from
+    `fold_in(fold_in(key, k), leaf)`: any device regenerates any pair.
+    """
+    pair_key = jax.random.fold_in(key, pair_index)
+    factors = []
+    for leaf, shape in enumerate(shapes):
+        leaf_key = jax.random.fold_in(pair_key, leaf)
+        if len(shape) == 2:
+            m, n = shape
+            draws = jax.random.normal(leaf_key, ((m + n) * rank,), jnp.float32)
+            a = draws[: m * rank].reshape(m, rank) / math.sqrt(rank)
+            factors.append(LowRank(a, draws[m * rank:].reshape(n, rank)))
+        else:
+            factors.append(jax.random.normal(leaf_key, shape, jnp.float32))
+    return factors
+
+
+def flatten_factors(factors: list) -> chex.Array:
+    """The flat `[num_dims]` vector the leaf-by-leaf noise stands for (`ravel_pytree` order)."""
+    return jnp.concatenate([(f.a @ f.b.T if isinstance(f, LowRank) else f).reshape(-1) for f in factors])
+
+
+def low_rank_pair_noise(key: chex.PRNGKey, pair_index: chex.Numeric,
+                        shapes: Sequence[tuple[int, ...]], rank: int) -> chex.Array:
+    """`low_rank_pair_factors` of pair `k` as one flat float32 `[num_dims]` vector."""
+    return flatten_factors(low_rank_pair_factors(key, pair_index, shapes, rank))

@@ -13,8 +13,11 @@ import chex
 import jax.numpy as jnp
 import optax
 
-from podracer.es.noise import all_pair_noise, population_noise, split_pairs
-from podracer.es.strategy import Strategy, check_population, check_positive, fitness_metrics
+import jax
+
+from podracer.es.noise import (LowRank, all_pair_noise, antithetic_sign, low_rank_pair_factors,
+                               low_rank_pair_noise, population_noise, split_pairs)
+from podracer.es.strategy import Perturbation, Strategy, check_population, check_positive, fitness_metrics
 from podracer.errors import PodracerError
 
 
@@ -76,11 +79,34 @@ def openai_es_gradient(
     return (weight_plus - weight_minus) @ eps / (shaped_fitness.shape[0] * sigma)
 
 
+def low_rank_gradient(key: chex.PRNGKey, shaped_fitness: chex.Array, sigma: float,
+                      shapes, rank: int) -> chex.Array:
+    """`openai_es_gradient` for low-rank pair noise (`low_rank_pair_factors`).
+
+    The same estimate, `1 / (n sigma) sum_k (u_{2k} - u_{2k+1}) eps_k`, summed
+    leaf by leaf from the factors: a matrix's `sum_k w_k A_k B_k^T` is one
+    `[m, P r] @ [P r, n]` product, never the `P` dense perturbations.
+    """
+    weight_plus, weight_minus = split_pairs(shaped_fitness)
+    weights = (weight_plus - weight_minus) / (shaped_fitness.shape[0] * sigma)
+    pairs = jnp.arange(weights.shape[0])
+    factors = jax.vmap(lambda k: low_rank_pair_factors(key, k, shapes, rank))(pairs)
+    parts = []
+    for f in factors:
+        if isinstance(f, LowRank):  # a [P, m, r], b [P, n, r]
+            parts.append(jnp.einsum("p,pmr,pnr->mn", weights, f.a, f.b).reshape(-1))
+        else:
+            parts.append((weights @ f.reshape(f.shape[0], -1)))
+    return jnp.concatenate(parts)
+
+
 def make_openai_es(
     population_size: int,
     sigma: float,
     optimizer: optax.GradientTransformation,
     weight_decay: float = 0.0,
+    low_rank: int = 0,
+    param_shapes=None,
 ) -> Strategy:
     """OpenAI-ES as `init / ask / tell` over a flat float32 parameter vector.
 
@@ -100,6 +126,14 @@ def make_openai_es(
       sigma: standard deviation of the perturbations.
       optimizer: any optax transformation, e.g. `optax.adam(1e-2)`.
       weight_decay: L2 coefficient on the mean (0 disables it).
+      low_rank: 0 for full-rank Gaussian noise (the paper's). `r > 0` draws each
+        matrix's perturbation as a rank-`r` product `A B^T / sqrt(r)` of Gaussian
+        factors (`es.low_rank_pair_factors`; EGGROLL-style low-rank evolution
+        strategies), other parameters full rank: a different search
+        distribution, which an evaluator that knows the factors (Anakin ES's
+        pair path) applies at a fraction of the cost.
+      param_shapes: with `low_rank`, the shapes of the parameter leaves in
+        `ravel_pytree` order (which leaves are matrices).
 
     Returns:
       A `Strategy` whose state is an `OpenAIESState`.
@@ -108,6 +142,17 @@ def make_openai_es(
     check_positive(sigma, "sigma")
     if weight_decay < 0:
         raise PodracerError(f"weight_decay must be >= 0, got {weight_decay}")
+    if low_rank < 0:
+        raise PodracerError(f"low_rank must be >= 0, got {low_rank}")
+    if low_rank and param_shapes is None:
+        raise PodracerError("low-rank noise needs the parameters' shapes (param_shapes=...)")
+    shapes = None if param_shapes is None else [tuple(int(d) for d in s) for s in param_shapes]
+
+    def member_noise_of(key, member_indices, num_dims):
+        if not low_rank:
+            return population_noise(key, member_indices, num_dims)
+        pair = jax.vmap(lambda k: low_rank_pair_noise(key, k, shapes, low_rank))(member_indices // 2)
+        return antithetic_sign(member_indices)[:, None] * pair
 
     def init(mean: chex.Array) -> OpenAIESState:
         chex.assert_rank(mean, 1)
@@ -115,13 +160,16 @@ def make_openai_es(
         return OpenAIESState(mean, optimizer.init(mean), jnp.zeros((), jnp.int32))
 
     def ask(state: OpenAIESState, key: chex.PRNGKey, member_indices: chex.Array) -> chex.Array:
-        noise = population_noise(key, member_indices, state.mean.shape[0])
+        noise = member_noise_of(key, member_indices, state.mean.shape[0])
         return state.mean + sigma * noise
 
     def tell(state: OpenAIESState, key: chex.PRNGKey, fitness: chex.Array):
         chex.assert_shape(fitness, (population_size,))
         shaped = centred_ranks(fitness)
-        ascent = openai_es_gradient(key, shaped, sigma, state.mean.shape[0])
+        if low_rank:
+            ascent = low_rank_gradient(key, shaped, sigma, shapes, low_rank)
+        else:
+            ascent = openai_es_gradient(key, shaped, sigma, state.mean.shape[0])
         loss_gradient = -ascent + weight_decay * state.mean
         updates, opt_state = optimizer.update(loss_gradient, state.opt_state, state.mean)
         mean = optax.apply_updates(state.mean, updates)
@@ -131,4 +179,12 @@ def make_openai_es(
         }
         return OpenAIESState(mean, opt_state, state.generation + 1), metrics
 
-    return Strategy(init, ask, tell, population_size)
+    def perturb(state: OpenAIESState, key: chex.PRNGKey, first_pair, num_pairs: int) -> Perturbation:
+        if low_rank:  # leaf by leaf, matrices as factors
+            pairs = first_pair + jnp.arange(num_pairs)
+            noise = jax.vmap(lambda k: low_rank_pair_factors(key, k, shapes, low_rank))(pairs)
+        else:
+            noise = all_pair_noise(key, num_pairs, state.mean.shape[0], first_pair)
+        return Perturbation(state.mean, jnp.asarray(sigma, jnp.float32), noise)
+
+    return Strategy(init, ask, tell, population_size, perturb)

@@ -19,6 +19,24 @@ AskFn = Callable[[Any, chex.PRNGKey, chex.Array], chex.Array]
 TellFn = Callable[[Any, chex.PRNGKey, chex.Array], tuple[Any, dict[str, chex.Array]]]
 
 
+class Perturbation(NamedTuple):
+    """Antithetic pairs around one mean, unmaterialised.
+
+    Pair `k` is members `2k` (`mean + scale * noise[k]`) and `2k + 1`
+    (`mean - scale * noise[k]`): what `ask` returns for them, factored so that an
+    evaluator can share work between members (every member's `x @ mean`, and one
+    `x @ noise[k]` for both halves of a pair) instead of building each member's
+    parameters.
+    """
+
+    mean: chex.Array  # [num_dims]
+    scale: chex.Array  # scalar
+    noise: Any  # [num_pairs, num_dims]; low-rank noise: per leaf (`es.low_rank_pair_factors`)
+
+
+PerturbFn = Callable[[Any, chex.PRNGKey, chex.Array, int], Perturbation]
+
+
 class Strategy(NamedTuple):
     """An evolution strategy over a flat float32 parameter vector.
 
@@ -32,12 +50,17 @@ class Strategy(NamedTuple):
         same `key` as `ask`. It regenerates every member's noise from `key`, so
         it needs the fitness scalars and nothing parameter-sized.
       population_size: members per generation (even: antithetic pairs).
+      perturb: optional `perturb(state, key, first_pair, num_pairs) -> Perturbation`:
+        the pairs `[first_pair, first_pair + num_pairs)` of the generation `key`,
+        factored; member for member the parameters `ask` returns. `None` for a
+        strategy whose members are not antithetic pairs around one mean.
     """
 
     init: InitFn
     ask: AskFn
     tell: TellFn
     population_size: int
+    perturb: PerturbFn | None = None
 
 
 def check_positive(value: float, name: str) -> None:

@@ -23,6 +23,7 @@ from podracer.es.config import ESConfig
 from podracer.orchestrate.distributed import DistConfig
 from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
 from podracer.ppo.config import PPOConfig
+from podracer.vtrace.config import ImpalaConfig
 from podracer.presets import preset_for
 from podracer.sebulba.config import SebulbaConfig
 from podracer.session.checkpoint import CheckpointConfig, config_record
@@ -32,6 +33,7 @@ from podracer.session.run_dir import new_run_name
 SECTIONS: dict[str, type] = {
     "run": run_config.RunConfig,
     "ppo": PPOConfig,
+    "impala": ImpalaConfig,
     "es": ESConfig,
     "anakin": AnakinConfig,
     "sebulba": SebulbaConfig,

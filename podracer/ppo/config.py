@@ -43,3 +43,10 @@ class PPOConfig:
 
     def __post_init__(self):
         check_bounds(self)
+
+    def batch_problem(self, rollout_len: int, envs_per_device: int) -> str | None:
+        """Why a [rollout_len, envs_per_device] batch cannot be cut into minibatches, or None."""
+        if rollout_len % self.minibatches:
+            return (f"--rollout-len={rollout_len} does not split into --minibatches={self.minibatches}; "
+                    f"make the rollout length a multiple of the minibatch count")
+        return None

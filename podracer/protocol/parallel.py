@@ -50,6 +50,16 @@ def process_major(local_devices: Sequence[jax.Device]) -> list[jax.Device]:
     return [devices[i] for devices in by_process for i in positions]
 
 
+def run_once_options(mesh: Mesh) -> dict[str, int] | None:
+    """XLA options for a program that runs once (a run's initialisation) on `mesh`.
+
+    On CPU: no LLVM optimisation, which halves its compilation (2.2 s to 0.9 s
+    of CPU time for Anakin PPO's CartPole initialisation) and cannot pay for
+    itself in one call. Other backends compile it as any program.
+    """
+    return {"xla_backend_optimization_level": 0} if mesh.devices.flat[0].platform == "cpu" else None
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """Sharding of an array that every device holds whole."""
     return NamedSharding(mesh, P())
@@ -187,6 +197,25 @@ def any_process(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(np.any(multihost_utils.process_allgather(np.asarray([flag], np.int32))))
+
+
+def from_main_process(value: int | None) -> int | None:
+    """Process 0's `value` (an int or None) on every process: one process decides for all.
+
+    Every process calls it; only process 0's argument counts, so a fact that
+    process 0 alone looks up (the others may pass None) is the same everywhere.
+    """
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    # A flag byte (0: None), then the int64's bytes: without jax_enable_x64 an
+    # int64 array would travel as int32.
+    code = np.zeros(9, np.uint8)
+    if value is not None:
+        code[0], code[1:] = 1, np.frombuffer(np.int64(value).tobytes(), np.uint8)
+    agreed = np.asarray(multihost_utils.broadcast_one_to_all(code))
+    return int(np.frombuffer(agreed[1:].tobytes(), np.int64)[0]) if agreed[0] else None
 
 
 def fingerprint(tree) -> str:

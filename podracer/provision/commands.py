@@ -198,17 +198,11 @@ def _attach(api: TpuApi, command: Command, say: Say) -> int:
     say(f"attached to the run in {launch.run_dir} on TPU {spec.name}"
         + (f" ({len(launch.restarts)} restarts so far)" if launch.restarts else ""))
     node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
-    if node is None and _finished(launch.run_dir):
+    if node is None and logs.finished(launch.run_dir):
         say(f"the run has finished and TPU {spec.name} is gone")
         say_results(launch, spec, say)
         return 0
     return follow(api, launch, say, create=False, wait_for_end=True)
-
-
-def _finished(run_dir: str) -> bool:
-    """Every worker that ran has exited 0, by the exit statuses they left in the bucket."""
-    workers = logs.workers_with_logs(run_dir)
-    return bool(workers) and all(logs.exit_status(run_dir, worker) == 0 for worker in workers)
 
 
 # -- status, down, list --------------------------------------------------------

@@ -43,6 +43,12 @@ def exit_status(run_dir: str, worker: int) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
+def finished(run_dir: str) -> bool:
+    """Every worker that ran has exited 0, by the exit statuses they left in the bucket."""
+    workers = workers_with_logs(run_dir)
+    return bool(workers) and all(exit_status(run_dir, worker) == 0 for worker in workers)
+
+
 def _read(run_dir: str, worker: int) -> str:
     path = log_path(run_dir, worker)
     return storage.read_text(path) if storage.exists(path) else ""

@@ -134,6 +134,10 @@ def follow(api: TpuApi, launch: Launch, say: Say, *, create: bool, wait_for_end:
             say(f"the run finished on every worker of TPU {spec.name}")
             say_results(launch, spec, say)
         except SliceLost as lost:
+            if logs.finished(launch.run_dir):  # its workers saw the end first, and deleted it
+                say(f"the run finished on every worker, and TPU {spec.name} is gone ({lost})")
+                say_results(launch, spec, say)
+                return 0
             if len(launch.restarts) >= launch.max_restarts:
                 raise _after_cleanup(api, spec, launch.keep, say, _no_restart_left(lost, launch)) from None
             _restart(api, spec, launch, lost, say)

@@ -281,6 +281,11 @@ class Worker:
                 return self._finish(exit_file, "install-failed", status)
             status = self.train(files)
             self.say(f"training exited with status {status}")
+            if self._stopped and not self._out_of_time:
+                # The VM is going down (a reboot, a preemption): training saved and stopped,
+                # it did not end. No exit status is kept, so the next boot of this disk resumes.
+                publish_state("stopping")
+                return status
             status = self._finish(exit_file, "exit", status)
             # A finished run, or one out of time; not one stopped by a reboot or a preemption.
             if status == 0 or self._out_of_time:

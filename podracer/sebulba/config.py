@@ -127,9 +127,9 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
     if config.async_envs and per_thread % 2:
         raise PodracerError(f"--async-envs steps half of each thread's {per_thread} environments "
                             f"at a time; use an even number per thread")
-    if config.rollout_len % ppo_config.minibatches:
-        raise PodracerError(
-            f"--rollout-len={config.rollout_len} does not split into --minibatches="
-            f"{ppo_config.minibatches}; make the rollout length a multiple of the minibatch count")
+    # Each learner device joins its share of every actor thread's trajectory.
+    problem = ppo_config.batch_problem(config.rollout_len, threads * per_thread // learners)
+    if problem:
+        raise PodracerError(problem)
     env_batch = per_thread // 2 if config.async_envs else per_thread
     return SebulbaLayout(threads, per_thread, env_batch, config.num_envs * config.rollout_len)

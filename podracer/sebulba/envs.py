@@ -11,6 +11,7 @@ unchanged; `podracer.sebulba.trajectory` turns it into learnable transitions.
 from __future__ import annotations
 
 import difflib
+import functools
 import warnings
 from typing import NamedTuple
 
@@ -42,7 +43,9 @@ class EnvStep(NamedTuple):
     episode_length: np.ndarray  # [M] int32, meaningful where episode_done
 
 
+@functools.lru_cache(maxsize=None)
 def _make_spec(env_id: str):
+    """envpool's spec of `env_id`, made once per process (the command line's check and the run share it)."""
     import envpool
 
     from podracer.anakin.suites import is_suite_id
@@ -52,9 +55,9 @@ def _make_spec(env_id: str):
         raise PodracerError(f"{env_id} is a JAX suite environment; use --arch=anakin (--arch=sebulba "
                             f"runs envpool ids and gymnasium:ID or py:MODULE:FUNCTION vector envs)")
     if env_id not in known:
-        import gymnax
+        from podracer.anakin.env import gymnax_ids
 
-        if env_id in gymnax.registered_envs:
+        if env_id in gymnax_ids():
             raise PodracerError(f"{env_id} is a gymnax environment, written in JAX; use "
                                 f"--arch=anakin (--arch=sebulba runs envpool environments)")
         close = difflib.get_close_matches(env_id, known, n=3)

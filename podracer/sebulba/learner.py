@@ -1,4 +1,4 @@
-"""The learner: Anakin's pure PPO update under `jit(shard_map)` over the learner devices only."""
+"""The learner: Anakin's pure update (PPO's or IMPALA's) under `jit(shard_map)` over the learner devices only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer.protocol import parallel
-from podracer.ppo import PPOConfig, make_update
+from podracer.ppo import PPOConfig
+from podracer.ppo import make_update as ppo_make_update
 from podracer.sebulba.actor import Trajectory
 from podracer.sebulba.control import Control
 from podracer.sebulba.params import ParamsStore
@@ -22,14 +23,16 @@ from podracer.types import TrainState, Transition
 
 
 def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
-                      ppo_config: PPOConfig, mesh: Mesh) -> Callable:
+                      ppo_config: PPOConfig, mesh: Mesh,
+                      make_update: Callable = ppo_make_update) -> Callable:
     """Jitted `step(state, batches, bootstrap_values, key) -> (state, metrics)`.
 
     `batches` is a tuple with one time-major Transition per actor thread, each
     split along its batch axis over `mesh` (`parallel.time_major_sharded`), and
     `bootstrap_values` the matching tuple of [N] arrays (`parallel.sharded`).
     Every learner device joins its shards of all of them into one local batch
-    and runs `ppo.make_update`, which averages gradients over the mesh with
+    and runs `make_update`'s update (PPO's by default; `podracer.vtrace.make_update`
+    with an `ImpalaConfig`), which averages gradients over the mesh with
     `lax.pmean`. `state` is replicated over the mesh. The metrics include
     `params_finite` (1.0 when every new parameter is finite) for the NaN guard.
     """

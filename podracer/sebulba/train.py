@@ -1,4 +1,4 @@
-"""Host driver for Sebulba PPO: split the devices, start actors and learner, log, checkpoint, stop cleanly.
+"""Host driver for Sebulba PPO and IMPALA (one driver, the update a parameter): split the devices, start actors and learner, log, checkpoint, stop cleanly.
 
 Checkpoints hold what the learner owns: its train state (parameters, optimiser
 state, observation statistics), its RNG key and the number of updates, which
@@ -24,11 +24,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from podracer.actor_critic import actor_critic
 from podracer.config import make_optimizer
 from podracer.data.record import ppo_policy
 from podracer.networks import init_params, make_network
 from podracer.ppo import init_train_state
-from podracer.ppo.config import PPO_FIX
 from podracer.protocol import parallel
 from podracer.sebulba.actor import Actor, ActorSettings, make_policy_step, run_actor
 from podracer.sebulba.config import DeviceSplit, SebulbaLayout, make_layout, split_devices
@@ -66,7 +66,8 @@ def _column_shapes(spec, rollout_len: int) -> Transition:
 
 def build(configs: dict[str, Any], devices=None) -> Setup:
     """Check the configs against the devices, then build and compile the learner."""
-    run, ppo_config, sebulba = configs["run"], configs["ppo"], configs["sebulba"]
+    run, sebulba = configs["run"], configs["sebulba"]
+    algo, ppo_config = actor_critic(configs)
     optim, net = configs["optimizer"], configs["network"]
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
@@ -78,14 +79,14 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     # One jitted call: eager initialisation would compile every small op on its own.
     init = jax.jit(lambda key: init_train_state(
         init_params(network, spec.obs_shape, spec.obs_dtype, key), optimizer, spec.obs_shape),
-        out_shardings=parallel.replicated(mesh))
+        out_shardings=parallel.replicated(mesh), compiler_options=parallel.run_once_options(mesh))
     state = init(jax.random.fold_in(jax.random.PRNGKey(run.seed), 0))
     compile_start = time.perf_counter()
     # One actor thread of every process fills one global trajectory.
     batch, bootstrap = trajectory_shapes(_column_shapes(spec, sebulba.rollout_len),
                                          layout.envs_per_thread * jax.process_count(), mesh)
     threads = layout.num_actor_threads
-    step_fn = make_learner_step(network.apply, optimizer, ppo_config, mesh).lower(
+    step_fn = make_learner_step(network.apply, optimizer, ppo_config, mesh, algo.make_update).lower(
         state, (batch,) * threads, (bootstrap,) * threads, jax.random.PRNGKey(0)).compile()
     return Setup(spec, split, layout, num_updates, network, mesh, state, step_fn,
                  time.perf_counter() - compile_start)
@@ -101,8 +102,8 @@ def env_seed(seed: int, actor: int, first_update: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
 
 
-def train_ppo(configs: dict[str, Any], devices=None):
-    """Train PPO with Sebulba on `devices` (default: this host's); returns (summary, final state).
+def train_actor_critic(configs: dict[str, Any], devices=None):
+    """Train PPO or IMPALA (`--algo`) with Sebulba on `devices` (default: this host's); returns (summary, final state).
 
     `configs` maps section names to config dataclasses, as
     `podracer.orchestrate.cli.parse_configs` returns them. Actor threads step
@@ -112,7 +113,8 @@ def train_ppo(configs: dict[str, Any], devices=None):
     failure in any thread stops every thread and is re-raised.
     """
     session = RunSession(configs)
-    run, ppo_config, sebulba = configs["run"], configs["ppo"], configs["sebulba"]
+    run, sebulba = configs["run"], configs["sebulba"]
+    algo, ppo_config = actor_critic(configs)
     setup = build(configs, devices)
     layout, split, steps = setup.layout, setup.split, setup.layout.steps_per_update
     actor_key, learner_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(run.seed), 1))
@@ -154,7 +156,7 @@ def train_ppo(configs: dict[str, Any], devices=None):
         save_every=math.ceil(every / steps) if every else 0,
         interrupted=lambda: bool(session.stop),
         guard=lambda finite, update: session.check_finite(finite, f"update {update}", update * steps,
-                                                          PPO_FIX))
+                                                          algo.fix))
     log.start = time.perf_counter()
     final = run_threads(session, control, actors, lambda: run_learner(learning, learner["train"]),
                         "sebulba-learner")
@@ -172,6 +174,9 @@ def train_ppo(configs: dict[str, Any], devices=None):
         extra={"updates": log.updates, **log.run_summary()},
         stopped=log.updates < setup.num_updates,
         policy=lambda: ppo_policy(final, setup.network.apply, ppo_config,
-                                  session.data.record_deterministic),
+                                  session.data.record_deterministic, algo.name),
         breakdown=True)
     return summary, final
+
+
+train_ppo = train_actor_critic  # PPO's name, from before IMPALA shared the driver

@@ -72,17 +72,19 @@ def build(configs: dict[str, Any], devices=None) -> ESSetup:
     layout = make_es_layout(es_config, sebulba, split, jax.process_count())
     policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
                                  net.activation)
-    strategy = make_strategy(es_config)
+    no_obs = jnp.zeros(spec.obs_shape, spec.obs_dtype)
+    param_shapes = [leaf.shape for leaf in jax.tree.leaves(
+        jax.eval_shape(policy.init, jax.random.key(0), no_obs))]
+    strategy = make_strategy(es_config, param_shapes)
     normalize = es_config.normalize_observations
     # The same initial mean as Anakin ES for the same seed.
     param_key, es_key = jax.random.split(jax.random.PRNGKey(run.seed))
-    no_obs = jnp.zeros(spec.obs_shape, spec.obs_dtype)
     flat, unravel = ravel_pytree(policy.init(param_key, no_obs))
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
     everywhere = parallel.replicated(mesh)
     # Made inside one jitted call, so that the state is a global array on several processes.
     state = jax.jit(lambda key: strategy.init(ravel_pytree(policy.init(key, no_obs))[0]),
-                    out_shardings=everywhere)(param_key)
+                    out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh))(param_key)
     obs_dim = math.prod(spec.obs_shape)
     no_observations = es.init_running_stats(obs_dim)
     obs_stats = parallel.from_host(no_observations, everywhere)

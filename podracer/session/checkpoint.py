@@ -11,7 +11,9 @@ local path or `gs://bucket/path`: orbax and tensorstore write either.
 
 Resuming is automatic: a run directory that already has a checkpoint continues
 from its latest one, provided the config matches (only the settings listed in
-`RESUMABLE_CHANGES` may differ). To start over, use another `--run-dir`.
+`RESUMABLE_CHANGES` may differ). To start over, use another `--run-dir`. On
+several processes, process 0 names that checkpoint and every process restores
+it (`podracer.session.run_dir.agreed_checkpoint_steps`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from podracer.session import signals, storage
 CHECKPOINT_DIR = "checkpoints"
 
 # Settings that may change between a run and its resumption: how long to run,
-# where and how often to save, how to log, the device count (results are the
-# same on any device count up to float rounding), how processes find each
-# other (a free port, each process's own index) and which host threads or
-# devices act and learn.
+# where and how often to save, where compiled programs are cached, how to log,
+# the device count (results are the same on any device count up to float
+# rounding), how processes find each other (a free port, each process's own
+# index) and which host threads or devices act and learn.
 RESUMABLE_CHANGES = {
-    ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"),
+    ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"), ("run", "compile_cache"),
     ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
     ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
     ("logging", "wandb"), ("logging", "wandb_project"),
@@ -80,20 +82,17 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return differing
 
 
-def check_resumable(run_dir: str, config: CheckpointConfig, configs: dict[str, Any]) -> bool:
-    """Whether `run_dir` has a checkpoint to resume; refuses a mismatched config.
+def check_resumable(run_dir: str, step: int, config: CheckpointConfig, configs: dict[str, Any]) -> None:
+    """Refuses to resume `run_dir` from its checkpoint `step` if that was made with another config.
 
     Called before anything is built, so a wrong flag fails in a second, not after
     a compilation.
     """
-    if not has_checkpoint(run_dir):
-        return False
     probe = Checkpointer(run_dir, config, configs, create=False)
     try:
-        probe.check_config(probe.read_meta())
+        probe.check_config(probe.read_meta(step))
     finally:
         probe.close()
-    return True
 
 
 def checkpoint_dir(run_dir: str) -> str:

@@ -106,6 +106,20 @@ def latest_checkpoint_steps(run_dir: str) -> int | None:
     return steps[-1] if steps else None
 
 
+def agreed_checkpoint_steps(run_dir: str) -> int | None:
+    """Process 0's `latest_checkpoint_steps(run_dir)`, on every process.
+
+    Process 0 alone looks and every process takes its answer, so all resume
+    from the same checkpoint, or all start anew, even where another host's view
+    of the directory differs (it lags behind, or a local path is another disk
+    on each host).
+    """
+    from podracer.protocol import parallel
+
+    mine = latest_checkpoint_steps(run_dir) if parallel.is_main_process() else None
+    return parallel.from_main_process(mine)
+
+
 def finished_message(run_dir: str, state: RunDirState) -> str:
     outputs = [name for name in ("summary.json", "metrics.jsonl", "tensorboard", "checkpoints")
                if storage.exists(storage.join(run_dir, name))]

@@ -30,12 +30,12 @@ from podracer.config import LogConfig, used_configs
 from podracer.data.config import DataConfig
 from podracer.errors import Interrupted, PodracerError
 from podracer.protocol import parallel
-from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFlag, check_resumable,
-                                        config_record, stop_on_signals)
+from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFlag, config_record,
+                                        stop_on_signals)
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
-from podracer.session.run_dir import prepare_run_dir
-from podracer.session import storage
+from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
+from podracer.session import startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -52,11 +52,16 @@ class RunSession:
         self.run = configs["run"]
         self.data: DataConfig = configs["data"]
         self.wall_start = time.perf_counter()
+        self.startup = startup.take()  # since the process (or the `podracer.train` call) started
         self.main_process = parallel.is_main_process()
-        # Everything that needs no compilation is checked before anything is built.
+        # Everything that needs no compilation is checked before anything is built. A
+        # checkpoint made with another config is refused by `open` (the command line
+        # refuses it before anything is built: `podracer.orchestrate.cli`).
         storage.check(self.run.run_dir)
         check_data_config(self.data, writes=self.main_process)
-        self.resuming = check_resumable(self.run.run_dir, configs["checkpoint"], configs)
+        # The checkpoint to resume from, as process 0 sees it: every process restores that one.
+        self.resume_steps = agreed_checkpoint_steps(self.run.run_dir)
+        self.resuming = self.resume_steps is not None
         # Where this process writes the files a gs:// run directory gets by copy.
         self.staging = storage.Staging(self.run.run_dir)
         self.profiler = make_profiler(
@@ -81,15 +86,15 @@ class RunSession:
     def open(self, initial: Any) -> tuple[Any, dict[str, Any]]:
         """Create the run directory and checkpointer; returns the state to start from.
 
-        A resumed run gets its latest checkpoint, restored into `initial`'s
-        shapes and shardings, with the checkpoint's meta; a new run `initial`
-        and an empty meta.
+        A resumed run gets its latest checkpoint (process 0's latest, on every
+        process), restored into `initial`'s shapes and shardings, with the
+        checkpoint's meta; a new run `initial` and an empty meta.
         """
         prepare_run_dir(self.run.run_dir)
         self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
         if not self.resuming:
             return initial, {}
-        state, meta = self.checkpointer.restore(initial)
+        state, meta = self.checkpointer.restore(initial, step=self.resume_steps)
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
 
@@ -115,6 +120,7 @@ class RunSession:
         self.logger.compiled(compile_s)
         if self.profiler:
             self.profiler.start()
+        self.startup.training_starts()  # the first step is dispatched next
         self._train_start = time.perf_counter()
         return self.logger
 
@@ -218,6 +224,7 @@ class RunSession:
             **devices,
             "processes": jax.process_count(),
             "compile_s": self.compile_s,
+            **self.startup.summary(),  # time_to_first_step_s, compile_cache
             "train_s": self.train_s,
             "resumed_from_env_steps": self.resumed_from,
             # Every process must hold the same parameters; one hash per process proves it.

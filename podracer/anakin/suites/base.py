@@ -85,6 +85,12 @@ class SuiteEnv:
         reset_state, reset_obs = self._initial(reset_key)
         return StepDraws(step_key, reset_obs, reset_state)
 
+    def draw_restarting(self, key: jax.Array, obs: jax.Array, state: EnvState) -> StepDraws:
+        """`draw(key)`, except that an episode that ends starts again from `obs`/`state`
+        (an earlier reset): for ES episodes, which ignore what follows their end."""
+        step_key, _ = jax.random.split(key)
+        return StepDraws(step_key, obs, state.inner)
+
     def step(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         return self.step_with(self.draw(key), state, action)
 
