@@ -4,24 +4,25 @@ import json
 import subprocess
 
 import imageio.v2 as imageio
+import jax
 import pytest
 
 from conftest import LAUNCHER, PYTHON
 from podracer.anakin.env import make_env
+from podracer.anakin.train import train_ppo
+from podracer.orchestrate.cli import main, parse_configs
 from podracer.errors import PodracerError
 from podracer.video import anakin_renderer
 
 
-def test_eval_video_has_a_frame_per_state(tmp_path):
+def test_eval_video_has_a_frame_per_state(tmp_path, capsys):
+    # In this process: a short run on one device, then the `eval` command on it.
     run_dir = tmp_path / "run"
-    train = subprocess.run([PYTHON, LAUNCHER, "--total-steps=2048", f"--run-dir={run_dir}", "--cpu-devices=1"],
-                           capture_output=True, text=True, timeout=300)
-    assert train.returncode == 0, train.stderr[-2000:]
+    train_ppo(parse_configs(["--total-steps=2048", f"--run-dir={run_dir}"]), devices=jax.devices()[:1])
+    capsys.readouterr()
     path = tmp_path / "eval.gif"
-    proc = subprocess.run([PYTHON, LAUNCHER, "eval", f"--run-dir={run_dir}", "--episodes=2", f"--video={path}"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    written = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert main(["eval", f"--run-dir={run_dir}", "--episodes=2", f"--video={path}"]) == 0
+    written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     lengths = written["episode_lengths"]
     assert len(lengths) == 2 and written["episode_returns"] == [float(n) for n in lengths]  # CartPole pays 1 a step
     frames = list(imageio.get_reader(path))
