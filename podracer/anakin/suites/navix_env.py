@@ -3,9 +3,6 @@
 Navix's own `step` resets an episode on the step after it ends; the adapter
 steps with its `_step` and resets in the same step, as every Anakin
 environment does. Its step type says termination (2) or truncation (1).
-Navix's `lax.cond` branches return a constant in one branch and per-device
-data in the other, which `shard_map`'s replication check refuses: Anakin runs
-it with the check off (`check_vma=False`).
 """
 
 from __future__ import annotations
@@ -39,5 +36,5 @@ def make(env_id: str, name: str) -> SuiteEnv:
     num_actions = int(env.action_space.maximum) + 1
     spec = discrete_spec(jnp.zeros(obs.shape, obs.dtype), num_actions)
     return SuiteEnv(env_id, spec, reset_fn, step_fn, lambda o: jnp.asarray(o, spec.obs_dtype),
-                    int(env.max_steps), check_vma=False,
+                    int(env.max_steps),
                     render_fn=lambda timestep: np.asarray(navix.observations.rgb(timestep.state)))
