@@ -9,7 +9,9 @@ termination and truncation apart, episode statistics) through
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 from typing import NamedTuple
 
 from podracer.errors import PodracerError
@@ -42,7 +44,10 @@ def make_suite_env(env_id: str):
     suite_name, _, name = env_id.partition(":")
     suite = SUITES[suite_name]
     try:
-        importlib.import_module(suite.library)
+        # brax's import of MuJoCo prints on stdout that its optional GPU backend
+        # (warp) is missing; a run's output is the first thing a user reads.
+        with contextlib.redirect_stdout(io.StringIO()):
+            importlib.import_module(suite.library)
     except ImportError:
         raise PodracerError(f"--env={env_id} needs {suite.library}: pip install -e \".[{suite.extra}]\" "
                             f"(or pip install 'podracer-rl[{suite.extra}]')") from None
