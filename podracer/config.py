@@ -69,7 +69,7 @@ class RunConfig:
     algo: str = "ppo"
     """Algorithm: ppo, impala (V-trace actor-critic) or es."""
     env: str = "CartPole-v1"
-    """Environment id (gymnax ids for anakin, envpool ids for sebulba)."""
+    """Environment id. anakin: gymnax ids (CartPole-v1) or a JAX suite as SUITE:ID (brax:inverted_pendulum, brax:fast, brax:NAME:BACKEND; jumanji:Snake-v1; craftax:Craftax-Classic-Symbolic-v1; navix:Navix-Empty-5x5-v0), each suite an extra: pip install -e ".[brax]" and so on. sebulba: envpool ids (Pong-v5), gymnasium:ID (gymnasium.make_vec) or py:MODULE:FUNCTION (FUNCTION(num_envs) returns a Gymnasium VectorEnv)."""
     seed: int = bounded(0, NON_NEGATIVE)
     """Random seed; the same seed and global sizes give the same run on any device count."""
     total_steps: int = bounded(500_000, POSITIVE)

@@ -43,6 +43,18 @@ class Categorical:
         return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
 
 
+MASKED_LOGIT = -1e9  # finite: log_softmax and the entropy stay free of inf and NaN
+
+
+def masked_logits(logits: jax.Array, legal: jax.Array) -> jax.Array:
+    """`logits` with every illegal action's (`legal` false) set to a huge negative number.
+
+    Such an action has probability 0 (exp underflows), is never sampled (Gumbel
+    noise cannot make up 1e9) nor the mode, and its logit gets no gradient.
+    """
+    return jnp.where(legal, logits, jnp.asarray(MASKED_LOGIT, logits.dtype))
+
+
 @struct.dataclass
 class DiagGaussian:
     """Continuous actions; `mean` and `log_std` have shape [..., action_dim].

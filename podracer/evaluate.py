@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podracer.errors import PodracerError
+
 
 
 def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> np.ndarray:
@@ -17,7 +19,7 @@ def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> 
     from podracer.anakin.env import make_env
 
     env = make_env(env_id)
-    horizon = int(env.params.max_steps_in_episode)
+    horizon = env.horizon
     recurrent = hasattr(act, "initial_carry")  # `policy.RecurrentPolicy`: its state goes along
 
     @jax.jit
@@ -81,7 +83,14 @@ def main(argv) -> int:
     from podracer.policy import EvalConfig, load_policy, run_config_of
 
     config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")
+    if config.video:
+        from podracer.video import check_path
+
+        check_path(config.video)
     act = load_policy(config.run_dir, config.deterministic, None if config.agent < 0 else config.agent)
+    if config.video and hasattr(act, "initial_carry"):
+        raise PodracerError("eval --video draws feed-forward policies; this run's network is recurrent: "
+                            "evaluate it without --video")
     run = run_config_of(config.run_dir)["run"]
     returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
     returns = returns_of(act, run["env"], config.episodes, config.seed)
@@ -89,5 +98,12 @@ def main(argv) -> int:
     print(json.dumps({"env": run["env"], **({"agent": config.agent} if config.agent >= 0 else {}),
                       "episodes": len(returns), "episode_return_mean": float(returns.mean()),
                       "episode_return_std": float(returns.std())}))
+    if config.video:
+        from podracer import video
+
+        record = video.envpool_video if run["arch"] == "sebulba" else video.anakin_video
+        written = record(act, run["env"], config.episodes, config.seed, config.video)
+        print(f"wrote {config.video}: {len(written['episode_lengths'])} episodes, {written['frames']} frames")
+        print(json.dumps(written))
     sys.stdout.flush()
     return 0

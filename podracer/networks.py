@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from podracer.distributions import Categorical, DiagGaussian
+from podracer.distributions import Categorical, DiagGaussian, masked_logits
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu}
 
@@ -88,10 +88,10 @@ class PolicyHead(nn.Module):
     discrete: bool
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, legal=None):
         out = _dense(self.action_dim, 0.01)(x)
         if self.discrete:
-            return Categorical(logits=out)
+            return Categorical(logits=out if legal is None else masked_logits(out, legal))
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
         return DiagGaussian(mean=out, log_std=jnp.broadcast_to(log_std, out.shape))
 
@@ -104,13 +104,22 @@ class MLPActorCritic(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
     obs_rank: int = 1  # trailing observation dimensions, flattened before the MLP
+    action_mask: bool = False  # the last `action_dim` inputs are the legal actions (0/1)
 
     @nn.compact
     def __call__(self, obs):
-        x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
-        dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden, self.activation)(x))
+        x, legal = _split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
+        dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden, self.activation)(x), legal)
         value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(x))[..., 0]
         return dist, value
+
+
+def _split_mask(obs, obs_rank: int, mask_dim: int):
+    """Flattened float features, and the legal-action mask from the last `mask_dim` of them (or None)."""
+    x = obs.reshape(obs.shape[: obs.ndim - obs_rank] + (-1,)).astype(jnp.float32)
+    if not mask_dim:
+        return x, None
+    return x[..., :-mask_dim], x[..., -mask_dim:] > 0.5
 
 
 class NatureCNN(nn.Module):
@@ -242,15 +251,22 @@ def reset_carry(carry, reset: jax.Array):
 
 def make_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
                  hidden: Sequence[int] = (64, 64), activation: str = "tanh",
-                 network: str = "mlp") -> nn.Module:
+                 network: str = "mlp", action_mask: bool = False) -> nn.Module:
     """Nature-CNN for frames big enough for its 8x8/4 first layer, an MLP otherwise.
 
     Frames are channels-first ([C, H, W], envpool's layout) when the leading
     dimension is the smallest, channels-last ([H, W, C]) otherwise. `network`
     `lstm` or `gru` puts a recurrent core after that torso (`RecurrentActorCritic`).
+    With `action_mask` (a flat observation whose last `action_dim` entries are the
+    legal actions), the MLP masks the policy's logits.
     """
     if network not in NETWORKS:
         raise ValueError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    if action_mask:
+        if network != "mlp":
+            raise ValueError(f"--network={network} does not read an environment's action mask; "
+                             "use --network=mlp for this environment")
+        return MLPActorCritic(action_dim, discrete, tuple(hidden), activation, len(obs_shape), True)
     cnn, channels_last = False, False
     if len(obs_shape) == 3 and discrete:
         channels_last = obs_shape[-1] <= obs_shape[0]
@@ -278,18 +294,22 @@ class MLPPolicy(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
     obs_rank: int = 1
+    action_mask: bool = False  # as MLPActorCritic's: the argmax is over legal actions only
 
     @nn.compact
     def __call__(self, obs):
-        x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
+        x, legal = _split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
         out = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(x))
+        if legal is not None:
+            out = masked_logits(out, legal)
         return jnp.argmax(out, axis=-1) if self.discrete else out
 
 
 def make_policy_network(obs_shape: Sequence[int], action_dim: int, discrete: bool,
-                        hidden: Sequence[int] = (64, 64), activation: str = "tanh") -> nn.Module:
+                        hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                        action_mask: bool = False) -> nn.Module:
     """`MLPPolicy` for any observation shape (frames are flattened)."""
-    return MLPPolicy(action_dim, discrete, tuple(hidden), activation, len(obs_shape))
+    return MLPPolicy(action_dim, discrete, tuple(hidden), activation, len(obs_shape), action_mask)
 
 
 def init_params(network: nn.Module, obs_shape: Sequence[int], obs_dtype, key: jax.Array):

@@ -90,7 +90,7 @@ def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], determinis
     ppo_config = {"ppo": PPOConfig, "impala": ImpalaConfig}[algo](**configs[algo])
     net = _network_config(configs)
     network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
-                           net.network)
+                           network=net.network, action_mask=spec.action_mask)
     params = jax.tree.map(jnp.asarray, state["train"]["params"])
     obs_stats = _stats(state["train"]["obs_stats"])
     if is_recurrent(network):
@@ -121,7 +121,7 @@ def make_es_act(es_config, net, spec) -> Callable:
     from podracer.networks import make_policy_network
 
     policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
-                                 net.activation)
+                                 net.activation, spec.action_mask)
     # Only the structure matters: the mean's values replace these.
     shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
     unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))[1]
@@ -214,6 +214,8 @@ class EvalConfig:
     """Take the most likely action instead of sampling."""
     agent: int = bounded(-1, Bound(-1))
     """The agent of a population run to evaluate (its index in summary.json's agents); -1: the run's only agent."""
+    video: str = ""
+    """Also write the evaluation's episodes, one after another, to this .mp4 or .gif with the return drawn on each frame (gymnax classic control, navix, craftax, brax, envpool Atari; pip install -e ".[video]")."""
 
     def __post_init__(self):
         check_bounds(self)

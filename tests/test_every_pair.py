@@ -4,6 +4,12 @@ One run per pair carries the flags that combine (`--wandb` offline, `--profile`,
 `--checkpoint-every`, `--cpu-devices`, `--record-dataset`); `--num-processes`
 and `--init-from-dataset` get runs of their own. Each flag's effect is checked
 in what the run wrote, and the six summaries are checked to mean the same.
+
+The combined runs are on the environments beyond gymnax and envpool (`ENVS`): a
+JAX suite per Anakin pair (Navix; Jumanji's Knapsack, with its legal-action
+mask; brax's `fast`, with continuous actions; all run without shard_map's
+replication check) and a Gymnasium vector environment for Sebulba, so every
+flag is proven on them too; the other runs are on CartPole-v1.
 """
 
 import json
@@ -25,6 +31,9 @@ PAIRS = {
     ("sebulba", "es"): ["--population=8", "--eval-episodes=2", "--total-steps=1500"],
 }
 IDS = [f"{arch}-{algo}" for arch, algo in PAIRS]
+ENVS = {("anakin", "ppo"): "navix:Navix-Empty-5x5-v0", ("anakin", "impala"): "jumanji:Knapsack-v1",
+        ("anakin", "es"): "brax:fast", ("sebulba", "ppo"): "gymnasium:CartPole-v1",
+        ("sebulba", "impala"): "gymnasium:CartPole-v1", ("sebulba", "es"): "gymnasium:CartPole-v1"}
 CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
                     ("sebulba", "es"): 300, ("anakin", "impala"): 256, ("sebulba", "impala"): 128}
 RECORD_EPISODES = 3
@@ -42,7 +51,7 @@ def combined(request, tmp_path_factory):
     """One run of a pair with every flag that combines with the others."""
     pair = request.param
     root = tmp_path_factory.mktemp("-".join(pair))
-    result = _launch(pair, f"--run-dir={root / 'run'}", "--wandb", "--profile", "--profile-trace-s=0",
+    result = _launch(pair, f"--env={ENVS[pair]}", f"--run-dir={root / 'run'}", "--wandb", "--profile", "--profile-trace-s=0",
                      f"--checkpoint-every={CHECKPOINT_EVERY[pair]}", "--keep-checkpoints=10",
                      "--cpu-devices=2", f"--record-dataset={root / 'dataset'}",
                      f"--record-episodes={RECORD_EPISODES}", cwd=root)
@@ -105,7 +114,7 @@ def test_the_summaries_common_keys_mean_the_same(combined):
     pair, _, summary, _ = combined
     for key, kind in COMMON_KEYS.items():
         assert isinstance(summary[key], (int, float) if kind is float else kind), (key, summary[key])
-    assert (summary["arch"], summary["algo"]) == pair and summary["env"] == "CartPole-v1"
+    assert (summary["arch"], summary["algo"]) == pair and summary["env"] == ENVS[pair]
     total = int(next(f for f in PAIRS[pair] if f.startswith("--total-steps")).split("=")[1])
     assert summary["env_steps"] >= total and summary["sps"] > 0
     assert summary["wall_s"] > summary["train_s"] > 0 and summary["compile_s"] > 0

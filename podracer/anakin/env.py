@@ -68,6 +68,7 @@ class EnvSpec(NamedTuple):
     discrete: bool
     action_low: np.ndarray | None
     action_high: np.ndarray | None
+    action_mask: bool = False  # the last `action_dim` observation entries are the legal actions (0/1)
 
 
 def _strongly_typed(tree):
@@ -181,6 +182,11 @@ class GymnaxEnv:
             action_high=None if discrete else np.broadcast_to(np.asarray(space.high, np.float32), space.shape),
         )
 
+    @property
+    def horizon(self) -> int:
+        """The longest an episode can be: evaluation steps this many."""
+        return int(self.params.max_steps_in_episode)
+
     def _env_action(self, action):
         if self.spec.discrete:
             return action
@@ -258,9 +264,17 @@ class GymnaxEnv:
 
 @functools.lru_cache(maxsize=None)
 def make_env(env_id: str) -> GymnaxEnv:
-    """The Anakin environment for `env_id` (gymnax ids, e.g. CartPole-v1, Pendulum-v1).
+    """The Anakin environment for `env_id`: a gymnax id (CartPole-v1, Pendulum-v1) or
+    `SUITE:ID` of a JAX suite (`podracer.anakin.suites`: brax, jumanji, craftax, navix).
 
     Made once per id and process: an environment holds no state of its own, and
     the command line's check of `--env` and the run then share it.
     """
+    from podracer.anakin import suites
+
+    if suites.is_suite_id(env_id):
+        return suites.make_suite_env(env_id)
+    if env_id.startswith(("gymnasium:", "py:")):
+        raise PodracerError(f"{env_id} is a Gymnasium vector environment, which runs on the host CPU; "
+                            f"use --arch=sebulba")
     return GymnaxEnv(env_id)

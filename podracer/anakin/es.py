@@ -58,7 +58,7 @@ def episode_horizon(env: GymnaxEnv, config: ESConfig) -> int:
     """`config.horizon`, or the environment's own time limit when it is 0."""
     if config.horizon:
         return config.horizon
-    limit = getattr(getattr(env, "params", None), "max_steps_in_episode", None)
+    limit = getattr(env, "horizon", None)  # gymnax's max_steps_in_episode, a suite's time limit
     if not limit:
         raise PodracerError(f"{env.env_id} has no episode time limit to default to; pass --horizon")
     return int(limit)
@@ -265,8 +265,15 @@ def _make_parts(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
         flat, _ = ravel_pytree(policy.init(param_key, dummy_obs))
         return ESRunner(strategy.init(flat), es.init_running_stats(obs_dim), run_key)
 
-    evaluate_mean = jax.shard_map(evaluate_mean, mesh=mesh, in_specs=P(), out_specs=P())
+    evaluate_mean = jax.shard_map(evaluate_mean, mesh=mesh, in_specs=P(), out_specs=P(),
+                                  check_vma=_check_vma(env))
     return _ESParts(layout, strategy, member_fitness, pair_fitness, evaluate_mean, init)
+
+
+def _check_vma(env) -> bool:
+    """Whether shard_map may check the replication of `env`'s step (not a suite's: see
+    `podracer.anakin.suites.base.SuiteEnv.check_vma`)."""
+    return getattr(env, "check_vma", True)
 
 
 def _all_dense(policy: nn.Module, shapes, dummy_obs) -> bool:
@@ -314,13 +321,13 @@ def _make_step(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
     if config.normalize_observations:
         generations = es.make_sharded_step_normalized(
             parts.strategy, member_fitness, mesh, generations_per_call=config.generations_per_call,
-            pair_fitness_fn=pair_fitness)
+            pair_fitness_fn=pair_fitness, check_vma=_check_vma(env))
     else:
         pair = None if pair_fitness is None else (
             lambda mean, scale, noise, key: pair_fitness(mean, scale, noise, key, None)[0])
         sharded = es.make_sharded_step(
             parts.strategy, lambda params, key: member_fitness(params, key, None)[0], mesh,
-            generations_per_call=config.generations_per_call, pair_fitness_fn=pair)
+            generations_per_call=config.generations_per_call, pair_fitness_fn=pair, check_vma=_check_vma(env))
 
         def generations(state, obs_stats, key):
             state, metrics = sharded(state, key)
@@ -361,7 +368,7 @@ def make_anakin_es_phases(env: GymnaxEnv, policy: nn.Module, config: ESConfig, m
     if pair is not None and not normalize:
         pair = lambda mean, scale, noise, key, _: (parts.pair_fitness(mean, scale, noise, key, None)[0], ())
     evaluate, tell = es.make_sharded_phases(parts.strategy, fitness, mesh, normalize=normalize,
-                                            pair_fitness_fn=pair)
+                                            pair_fitness_fn=pair, check_vma=_check_vma(env))
     everywhere = parallel.replicated(mesh)
     jit = lambda fn: jax.jit(fn, in_shardings=everywhere, out_shardings=everywhere)
 

@@ -290,7 +290,7 @@ def make_anakin(
         return jax.lax.scan(train_step, runner, length=config.updates_per_call)
 
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
-    check = bool(axes)
+    check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
     init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=_RUNNER_SPECS,
                                          check_vma=check), compiler_options=parallel.run_once_options(mesh))
     train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(_RUNNER_SPECS,),
@@ -316,7 +316,7 @@ def make_anakin_phases(
     with one host round trip in between instead of none.
     """
     _, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh, make_update)
-    check = bool(axes)
+    check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
     act_sharded = jax.jit(jax.shard_map(act, mesh=mesh, in_specs=(_RUNNER_SPECS,),
                                         out_specs=(_RUNNER_SPECS, _EXPERIENCE_SPECS), check_vma=check))
     learn_sharded = jax.jit(jax.shard_map(learn, mesh=mesh, in_specs=(P(), _EXPERIENCE_SPECS),

@@ -17,6 +17,7 @@ import numpy as np
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
+from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.population import make_anakin_population, make_anakin_population_phases
 from podracer.actor_critic import actor_critic
@@ -59,8 +60,10 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     members = population.agents(configs)
     sharded = population.check_agents(len(members), mesh.devices.size)
     net = configs["network"]
+    check_masked_inputs(env.spec, ppo_config.normalize_observations)
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                           net.hidden, net.activation, net.network)
+                           net.hidden, net.activation, network=net.network,
+                           action_mask=env.spec.action_mask)
     layout = make_layout(anakin, ppo_config, mesh, is_recurrent(network), sharded)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer import population
+from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.anakin.population import make_anakin_es_population
 from podracer.data.record import es_policy
@@ -33,8 +34,9 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     layout = make_es_layout(es_config, env, mesh)
     steps_per_call = layout.steps_per_generation * es_config.generations_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
+    check_masked_inputs(env.spec, es_config.normalize_observations)
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                                 net.hidden, net.activation)
+                                 net.hidden, net.activation, env.spec.action_mask)
     if population.is_population(configs):
         # One agent's step with its settings, vmapped over the agents. Profile mode times
         # the fused step as one phase (`population_step`): its phases are not split.

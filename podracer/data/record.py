@@ -77,8 +77,9 @@ def es_policy(mean, obs_stats, es_config, net, spec) -> Policy:
 
 
 def default_max_steps(env) -> int:
-    """The environment's own time limit, which every episode reaches at the latest."""
-    return int(getattr(env.params, "max_steps_in_episode", 1000))
+    """The environment's own time limit, which every episode reaches at the latest
+    (`horizon`: gymnax's `max_steps_in_episode`, a suite's time limit)."""
+    return int(getattr(env, "horizon", 1000))
 
 
 def make_recorder(env, act_fn: ActFn, num_episodes: int, max_steps: int | None = None

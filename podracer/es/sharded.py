@@ -153,6 +153,7 @@ def make_sharded_phases(
     normalize: bool,
     axis: str = DATA_AXIS,
     pair_fitness_fn: Callable | None = None,
+    check_vma: bool = True,
 ):
     """One generation as two jitted calls, for a host that times them apart (profile mode).
 
@@ -171,7 +172,8 @@ def make_sharded_phases(
 
     evaluate, tell = _make_phases(strategy, scalar_evaluate, mesh, axis, normalize,
                                   _pair_evaluate(pair_fitness_fn, normalize))
-    shard = lambda fn: _jit_replicated(jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P()), mesh)
+    shard = lambda fn: _jit_replicated(jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(),
+                                                     check_vma=check_vma), mesh)
     return shard(evaluate), shard(tell)
 
 
@@ -183,6 +185,7 @@ def make_sharded_step(
     generations_per_call: int = 1,
     axis: str = DATA_AXIS,
     pair_fitness_fn: Callable | None = None,
+    check_vma: bool = True,
 ):
     """One jitted call running `generations_per_call` generations over `mesh`.
 
@@ -204,6 +207,9 @@ def make_sharded_step(
         instead of `fitness_fn` where a device holds whole pairs: an evaluator
         that knows its parameters' structure can share the work of a pair's
         members (e.g. `x @ mean` for every member, one `x @ noise_k` per pair).
+      check_vma: `jax.shard_map`'s replication check; off for a fitness whose
+        code cannot be checked (an environment library's `lax.cond` whose
+        branches differ in varying-ness).
 
     Returns:
       `step(state, key) -> (state, metrics)`, jitted; `state` replicated in and
@@ -228,7 +234,8 @@ def make_sharded_step(
         state, _, metrics = run(state, (), key)
         return state, metrics
 
-    return _jit_replicated(jax.shard_map(step, mesh=mesh, in_specs=P(), out_specs=P()), mesh)
+    return _jit_replicated(jax.shard_map(step, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=check_vma),
+                           mesh)
 
 
 def make_sharded_step_normalized(
@@ -239,6 +246,7 @@ def make_sharded_step_normalized(
     generations_per_call: int = 1,
     axis: str = DATA_AXIS,
     pair_fitness_fn: Callable | None = None,
+    check_vma: bool = True,
 ):
     """`make_sharded_step` with online observation normalisation (ARS V2).
 
@@ -265,4 +273,5 @@ def make_sharded_step_normalized(
 
     run = _make_generations(strategy, evaluate, mesh, axis, generations_per_call, normalize=True,
                             pair_evaluate_fn=_pair_evaluate(pair_fitness_fn, normalize=True))
-    return _jit_replicated(jax.shard_map(run, mesh=mesh, in_specs=P(), out_specs=P()), mesh)
+    return _jit_replicated(jax.shard_map(run, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=check_vma),
+                           mesh)

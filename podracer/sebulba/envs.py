@@ -19,6 +19,7 @@ import numpy as np
 
 from podracer.anakin.env import EnvSpec
 from podracer.errors import PodracerError
+from podracer.sebulba.gym_envs import VectorPool, gym_spec, is_gym_id
 
 
 class EnvStep(NamedTuple):
@@ -59,9 +60,13 @@ def _make_spec(env_id: str):
     """envpool's spec of `env_id`, made once per process (the command line's check and the run share it)."""
     import envpool
 
-    env_id = _base(env_id)
+    from podracer.anakin.suites import is_suite_id
 
     known = envpool.list_all_envs()
+    if is_suite_id(env_id):
+        raise PodracerError(f"{env_id} is a JAX suite environment; use --arch=anakin (--arch=sebulba "
+                            f"runs envpool ids and gymnasium:ID or py:MODULE:FUNCTION vector envs)")
+    env_id = _base(env_id)
     if env_id not in known:
         from podracer.anakin.env import gymnax_ids
 
@@ -78,11 +83,13 @@ def _make_spec(env_id: str):
 
 
 def is_atari(env_id: str) -> bool:
-    return "episodic_life" in _make_spec(env_id)._config_keys
+    return not is_gym_id(env_id) and "episodic_life" in _make_spec(env_id)._config_keys
 
 
 def env_spec(env_id: str) -> EnvSpec:
-    """Spaces of an envpool environment; float64 observations are delivered as float32."""
+    """Spaces of an envpool (or Gymnasium vector) environment; float64 observations are delivered as float32."""
+    if is_gym_id(env_id):
+        return gym_spec(env_id)
     spec = _make_spec(env_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gymnasium's float64 -> float32 bound notices
@@ -104,23 +111,27 @@ class EnvPoolEnvs:
     With `batch_size == num_envs` every `recv` returns all of them in env-id
     order (synchronous stepping); smaller batches return whichever finished first.
     Atari runs with episodic life and clipped rewards for training, and reports
-    the unclipped game score per game.
+    the unclipped game score per game. `gymnasium:ID` and `py:MODULE:FUNCTION`
+    ids run a Gymnasium vector environment instead (`podracer.sebulba.gym_envs`).
     """
 
     def __init__(self, env_id: str, num_envs: int, batch_size: int, num_threads: int, seed: int):
-        import envpool
-
         self.spec = env_spec(env_id)
         self._kept = np.asarray(MASKED[env_id][1]) if env_id in MASKED else None
         env_id = _base(env_id)
         self.atari = is_atari(env_id)
         options = dict(episodic_life=True, reward_clip=True) if self.atari else {}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self._pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs,
-                                      batch_size=batch_size, num_threads=num_threads, seed=seed,
-                                      **options)
-            self._pool.observation_space  # built on first use; here, where its notices are silenced
+        if is_gym_id(env_id):
+            self._pool = VectorPool(env_id, num_envs, batch_size, seed)
+        else:
+            import envpool
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._pool = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs,
+                                          batch_size=batch_size, num_threads=num_threads, seed=seed,
+                                          **options)
+                self._pool.observation_space  # built on first use; here, where its notices are silenced
         self.num_envs = num_envs
         self._return = np.zeros(num_envs, np.float32)
         self._length = np.zeros(num_envs, np.int32)

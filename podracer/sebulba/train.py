@@ -27,6 +27,7 @@ import numpy as np
 from podracer.actor_critic import actor_critic
 from podracer.config import make_optimizer
 from podracer.data.record import ppo_policy
+from podracer.anakin.suites.base import check_masked_inputs
 from podracer.networks import carry_width, init_params, is_recurrent, make_network
 from podracer.ppo import init_train_state
 from podracer.protocol import parallel
@@ -72,9 +73,10 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
-                           net.network)
+                           network=net.network, action_mask=spec.action_mask)
     layout = make_layout(sebulba, ppo_config, split, jax.process_count(), is_recurrent(network))
     num_updates = max(1, math.ceil(run.total_steps / layout.steps_per_update))
+    check_masked_inputs(spec, ppo_config.normalize_observations)
     optimizer = make_optimizer(optim, num_updates * ppo_config.epochs * ppo_config.minibatches)
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
     # One jitted call: eager initialisation would compile every small op on its own.

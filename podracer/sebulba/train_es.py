@@ -36,6 +36,7 @@ from podracer.networks import make_policy_network
 from podracer.protocol import parallel
 from podracer.sebulba.config import DeviceSplit, split_devices
 from podracer.sebulba.control import Control
+from podracer.anakin.suites.base import check_masked_inputs
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.es import (SebulbaESLayout, global_thread, make_es_layout, make_es_learner_step,
                                  make_slot_act, make_slot_params)
@@ -70,8 +71,9 @@ def build(configs: dict[str, Any], devices=None) -> ESSetup:
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_es_layout(es_config, sebulba, split, jax.process_count())
+    check_masked_inputs(spec, es_config.normalize_observations)
     policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
-                                 net.activation)
+                                 net.activation, spec.action_mask)
     no_obs = jnp.zeros(spec.obs_shape, spec.obs_dtype)
     param_shapes = [leaf.shape for leaf in jax.tree.leaves(
         jax.eval_shape(policy.init, jax.random.key(0), no_obs))]

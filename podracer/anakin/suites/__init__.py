@@ -1,0 +1,55 @@
+"""JAX environment suites for Anakin, named `--env=SUITE:ID`; gymnax ids stay bare.
+
+Each suite is an optional extra (`pip install -e ".[brax]"`); naming a suite
+whose library is missing is a one-line error that says which extra to install.
+Every adapter follows the Anakin protocol of `podracer.anakin.env` (auto-reset,
+termination and truncation apart, episode statistics) through
+`podracer.anakin.suites.base.SuiteEnv`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from typing import NamedTuple
+
+from podracer.errors import PodracerError
+
+
+class Suite(NamedTuple):
+    module: str  # the adapter, in this package
+    library: str  # what it imports
+    extra: str  # the pyproject extra that installs it
+    example: str  # an --env value
+
+
+SUITES: dict[str, Suite] = {
+    "brax": Suite("brax_env", "brax", "brax", "brax:inverted_pendulum"),
+    "jumanji": Suite("jumanji_env", "jumanji", "jumanji", "jumanji:Snake-v1"),
+    "craftax": Suite("craftax_env", "craftax", "craftax", "craftax:Craftax-Classic-Symbolic-v1"),
+    "navix": Suite("navix_env", "navix", "navix", "navix:Navix-Empty-5x5-v0"),
+}
+
+HELP = ("gymnax ids as they are (CartPole-v1); JAX suites as SUITE:ID: "
+        + ", ".join(suite.example for suite in SUITES.values()))
+
+
+def is_suite_id(env_id: str) -> bool:
+    return env_id.partition(":")[0] in SUITES
+
+
+def make_suite_env(env_id: str):
+    """The Anakin environment for `SUITE:ID`."""
+    suite_name, _, name = env_id.partition(":")
+    suite = SUITES[suite_name]
+    try:
+        # brax's import of MuJoCo prints on stdout that its optional GPU backend
+        # (warp) is missing; a run's output is the first thing a user reads.
+        with contextlib.redirect_stdout(io.StringIO()):
+            importlib.import_module(suite.library)
+    except ImportError:
+        raise PodracerError(f"--env={env_id} needs {suite.library}: pip install -e \".[{suite.extra}]\" "
+                            f"(or pip install 'podracer-rl[{suite.extra}]')") from None
+    module = importlib.import_module(f"podracer.anakin.suites.{suite.module}")
+    return module.make(env_id, name)

@@ -1,0 +1,139 @@
+"""What every suite adapter shares: auto-reset, truncation kept apart, episode statistics.
+
+An adapter gives three pure functions of the library's own environment,
+
+    reset_fn(key) -> (inner, raw_obs)
+    step_fn(key, inner, action) -> (inner, raw_obs, reward, terminated, truncated)
+    obs_fn(raw_obs) -> obs array          # flattens dicts, puts the action mask last
+
+and `SuiteEnv` turns them into the Anakin protocol of `podracer.anakin.env`:
+the reset an episode's end needs is drawn ahead (`draw`), the step selects it
+where the episode ended, and `final_obs` keeps the last observation of the old
+episode. A `time_limit` (for libraries whose environments never end on their
+own, such as brax) truncates episodes at that many steps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from podracer.anakin.env import EnvSpec, EnvState, StepDraws, TimeStep, _strongly_typed
+from podracer.errors import PodracerError
+
+
+def flatten_obs(raw, mask_key: str | None = None) -> tuple[jax.Array, jax.Array | None]:
+    """A dict or tuple observation as one float32 vector, and its action mask (if any) apart.
+
+    Leaves are taken in the pytree's order (dict keys sorted, namedtuple fields in
+    order); the mask leaf, named `mask_key`, is returned on its own.
+    """
+    if hasattr(raw, "_asdict"):
+        raw = raw._asdict()
+    mask = None
+    if isinstance(raw, dict) and mask_key in raw:
+        raw = dict(raw)
+        mask = jnp.asarray(raw.pop(mask_key), bool)
+    leaves = [jnp.asarray(leaf, jnp.float32).reshape(-1) for leaf in jax.tree.leaves(raw)]
+    return jnp.concatenate(leaves) if len(leaves) > 1 else leaves[0], mask
+
+
+def with_mask(features: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """The policy's input: features, then the legal-action mask as 0/1 (the last `action_dim` entries)."""
+    if mask is None:
+        return features
+    return jnp.concatenate([features.reshape(-1).astype(jnp.float32), mask.astype(jnp.float32)])
+
+
+class SuiteEnv:
+    """A pure Anakin environment built from a library's reset and step functions."""
+
+    def __init__(self, env_id: str, spec: EnvSpec, reset_fn: Callable, step_fn: Callable,
+                 obs_fn: Callable, horizon: int, time_limit: int | None = None, render_fn=None,
+                 check_vma: bool = False):
+        self.env_id = env_id
+        self.spec = spec
+        self.horizon = int(horizon)  # the longest an episode can be: evaluation steps this many
+        self.time_limit = time_limit
+        self.render_fn = render_fn  # inner state -> [H, W, 3] uint8 frame, where the suite draws
+        # Whether shard_map may check the replication of values through the library's
+        # step. Libraries are not written for the check: Navix's and Jumanji PacMan's
+        # lax.cond branches differ in varying-ness (a constant in one, per-device data
+        # in the other), which it refuses. Anakin runs suites unchecked; a test proves
+        # one device and eight still train alike.
+        self.check_vma = check_vma
+        self._reset_fn, self._step_fn, self._obs_fn = reset_fn, step_fn, obs_fn
+
+    def _action(self, action):
+        if self.spec.discrete:
+            return action
+        return jnp.clip(action, self.spec.action_low, self.spec.action_high)
+
+    def _initial(self, key):
+        inner, raw = self._reset_fn(key)
+        return _strongly_typed(inner), self._obs_fn(raw).astype(self.spec.obs_dtype)
+
+    def reset(self, key: jax.Array) -> tuple[EnvState, TimeStep]:
+        inner, obs = self._initial(key)
+        zero = jnp.zeros((), jnp.float32)
+        timestep = TimeStep(obs, zero, jnp.array(False), jnp.array(False), obs, zero,
+                            jnp.zeros((), jnp.int32))
+        return EnvState(inner, zero, jnp.zeros((), jnp.int32)), timestep
+
+    def draw(self, key: jax.Array) -> StepDraws:
+        step_key, reset_key = jax.random.split(key)
+        reset_state, reset_obs = self._initial(reset_key)
+        return StepDraws(step_key, reset_obs, reset_state)
+
+    def draw_restarting(self, key: jax.Array, obs: jax.Array, state: EnvState) -> StepDraws:
+        """`draw(key)`, except that an episode that ends starts again from `obs`/`state`
+        (an earlier reset): for ES episodes, which ignore what follows their end."""
+        step_key, _ = jax.random.split(key)
+        return StepDraws(step_key, obs, state.inner)
+
+    def step(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        return self.step_with(self.draw(key), state, action)
+
+    def step_with(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        inner, raw, reward, terminated, truncated = self._step_fn(draws.step_key, state.inner,
+                                                                  self._action(action))
+        inner = _strongly_typed(inner)
+        obs_step = self._obs_fn(raw).astype(self.spec.obs_dtype)
+        terminated = jnp.asarray(terminated, bool)
+        episode_length = state.episode_length + 1
+        truncated = jnp.asarray(truncated, bool)
+        if self.time_limit is not None:
+            truncated = truncated | (episode_length >= self.time_limit)
+        truncated = truncated & ~terminated
+        done = terminated | truncated
+        select = lambda reset, stepped: jax.lax.select(done, reset, stepped)
+        reward = jnp.asarray(reward, jnp.float32)
+        episode_return = state.episode_return + reward
+        timestep = TimeStep(obs=select(draws.reset_obs, obs_step), reward=reward, terminated=terminated,
+                            truncated=truncated, final_obs=obs_step, episode_return=episode_return,
+                            episode_length=episode_length)
+        new_state = EnvState(jax.tree.map(select, draws.reset_state, inner),
+                             jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length))
+        return new_state, timestep
+
+
+def discrete_spec(obs: jax.Array, num_actions: int, masked: bool = False) -> EnvSpec:
+    """The spec of a discrete-action environment whose observations look like `obs`."""
+    dtype = jnp.float32 if jnp.issubdtype(obs.dtype, jnp.floating) else obs.dtype
+    return EnvSpec(tuple(obs.shape), dtype, int(num_actions), True, None, None, masked)
+
+
+def box_spec(obs: jax.Array, low, high) -> EnvSpec:
+    """The spec of a continuous-action environment with actions in [low, high]."""
+    low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+    return EnvSpec(tuple(obs.shape), jnp.float32, int(low.size), False, low.reshape(-1), high.reshape(-1))
+
+
+def check_masked_inputs(spec: EnvSpec, normalize_observations: bool) -> None:
+    """Refuse observation normalisation where the observation carries an action mask."""
+    if spec.action_mask and normalize_observations:
+        raise PodracerError("this environment's observations end with its legal-action mask, which "
+                            "normalisation would distort; train it without observation normalisation (PPO's default, ES other than ARS)")

@@ -1,0 +1,124 @@
+"""Sebulba on Gymnasium vector environments: `gymnasium:ID` and `py:MODULE:FUNCTION` ids."""
+
+import json
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+from podracer.config import NetworkConfig, OptimConfig, RunConfig
+from podracer.errors import PodracerError
+from podracer.ppo import PPOConfig
+from podracer.sebulba import SebulbaConfig, train_ppo
+from podracer.sebulba.envs import EnvPoolEnvs
+
+
+class Countdown(gymnasium.Env):
+    """Episodes of exactly LENGTH steps paying 1 + action each: the statistics are known."""
+
+    LENGTH = 5
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(3, self.t / self.LENGTH, np.float32)
+        return obs, 1.0 + float(action), self.t == self.LENGTH, False, {}
+
+
+def make_countdown(num_envs):
+    return gymnasium.vector.SyncVectorEnv([Countdown for _ in range(num_envs)])
+
+
+class Tempting(gymnasium.Env):
+    """Dict observations with an action mask; the illegal action pays 1, legal ones 0.
+
+    Action 3 is illegal on most steps (and one other action at random), so a
+    policy that ignored the mask would learn to take it; `ILLEGAL` counts any taken.
+    """
+
+    LENGTH = 8
+    ILLEGAL = []  # actions taken against the mask, over every instance
+    LEGAL = []
+    observation_space = gymnasium.spaces.Dict({
+        "x": gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32),
+        "action_mask": gymnasium.spaces.MultiBinary(4)})
+    action_space = gymnasium.spaces.Discrete(4)
+
+    def _obs(self):
+        self.mask = np.ones(4, np.int8)
+        self.mask[self.np_random.integers(0, 3)] = 0
+        self.mask[3] = self.np_random.random() < 0.1
+        return {"x": self.np_random.uniform(-1, 1, 3).astype(np.float32), "action_mask": self.mask.copy()}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        legal = bool(self.mask[action])
+        (self.LEGAL if legal else self.ILLEGAL).append(int(action))
+        return self._obs(), float(not legal), self.t == self.LENGTH, False, {}
+
+
+def make_tempting(num_envs):
+    return gymnasium.vector.SyncVectorEnv([Tempting for _ in range(num_envs)])
+
+
+def _train(run_dir, env, total_steps, **sebulba):
+    run = RunConfig(arch="sebulba", env=env, total_steps=total_steps, run_dir=str(run_dir))
+    summary, _ = train_ppo({"run": run, "ppo": PPOConfig(), "sebulba": SebulbaConfig(**sebulba),
+                            "optimizer": OptimConfig(lr=1e-3), "network": NetworkConfig()},
+                           devices=jax.devices()[:2])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
+def test_factory_env_episode_statistics(tmp_path):
+    envs = EnvPoolEnvs("py:test_sebulba_gym:make_countdown", 4, 4, 0, seed=0)
+    envs.start()
+    ends = []
+    for _ in range(13):
+        step = envs.recv()
+        ends += list(step.episode_return[step.episode_done] - step.episode_length[step.episode_done])
+        assert all(step.episode_length[step.episode_done] == Countdown.LENGTH)
+        envs.send(np.ones(4, np.int32), step.env_ids)
+    envs.close()
+    # 13 results: the first reset, then episodes of 5 steps and a reset step each: two per env.
+    assert len(ends) == 8 and all(e == Countdown.LENGTH for e in ends)  # return 2 * 5, length 5
+
+
+def test_learns_gymnasium_cartpole_as_envpool_does(tmp_path):
+    # The envpool run of tests/test_sebulba_train.py: best return >= 200 within 150,000 steps.
+    summary, rows = _train(tmp_path, "gymnasium:CartPole-v1", 150_000, num_envs=32, rollout_len=32,
+                           log_every=5)
+    best = max(row["episode_return_mean"] or 0 for row in rows)
+    assert best >= 200, [row["episode_return_mean"] for row in rows]
+    assert summary["time_env_step_s"] > 0 and summary["time_learner_update_s"] > 0
+
+
+def test_masked_dict_env_never_takes_an_illegal_action(tmp_path):
+    env = "py:test_sebulba_gym:make_tempting"
+    spec = EnvPoolEnvs(env, 4, 4, 0, seed=0).spec
+    assert spec.action_mask and spec.obs_shape == (3 + 4,)
+    Tempting.ILLEGAL.clear(), Tempting.LEGAL.clear()
+    summary, rows = _train(tmp_path, env, 8192, num_envs=16, rollout_len=16, log_every=4)
+    assert len(Tempting.LEGAL) >= 8192 and Tempting.ILLEGAL == []
+    assert summary["episode_return_mean"] == 0.0  # an illegal action would have paid
+
+
+def test_refusals():
+    with pytest.raises(PodracerError, match="async-envs"):
+        EnvPoolEnvs("gymnasium:CartPole-v1", 4, 2, 0, seed=0)
+    with pytest.raises(PodracerError, match="cannot import"):
+        EnvPoolEnvs("py:no_such_module:make", 4, 4, 0, seed=0)
+    with pytest.raises(PodracerError, match="arch=anakin"):
+        EnvPoolEnvs("navix:Navix-Empty-5x5-v0", 4, 4, 0, seed=0)

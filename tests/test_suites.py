@@ -1,0 +1,146 @@
+"""Each suite adapter against its library's own reset and step on a fixed action sequence.
+
+The library side is driven by hand: its step until an episode ends, then its
+reset with the key the adapter drew for that step, so observations, rewards
+and done flags must agree at every step, across episode boundaries.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from podracer.anakin.env import make_env
+
+STEPS = 60
+# Each comparison is one program that runs once: without LLVM's optimisation it
+# compiles in about half the time (Craftax's world generation most of all).
+RUN_ONCE = {"xla_backend_optimization_level": 0}
+
+
+def _select(done, new, old):
+    return jax.tree.map(lambda a, b: jax.lax.select(done, a, b), new, old)
+
+
+def _compare(env, lib_reset, lib_step, lib_obs, actions, seed=0):
+    """Step the adapter and the library side by side; returns how many episodes ended.
+
+    Both run in one jitted scan. The library is stepped with the key the adapter
+    drew for the step and, where its episode ended, reset with the key the
+    adapter drew for that reset (`draw`: step key, reset key).
+    """
+    key = jax.random.PRNGKey(seed)
+    reset_key, key = jax.random.split(key)
+
+    def run(actions):
+        state, first = env.reset(reset_key)
+        inner, lib_first = lib_reset(reset_key)
+
+        def step(carry, xs):
+            state, inner = carry
+            t, action = xs
+            step_key = jax.random.fold_in(key, t)
+            draws = env.draw(step_key)
+            state, ts = env.step_with(draws, state, action)
+            inner, raw, reward, terminated, truncated = lib_step(draws.step_key, inner, action)
+            done = jnp.logical_or(terminated, truncated)
+            reset_inner, reset_raw = lib_reset(jax.random.split(step_key)[1])
+            lib = (lib_obs(raw), reward, terminated, truncated, jnp.where(done, lib_obs(reset_raw), lib_obs(raw)))
+            return (state, _select(done, reset_inner, inner)), (ts, lib)
+
+        _, (ts, lib) = jax.lax.scan(step, (state, inner), (jnp.arange(len(actions)), actions))
+        return first.obs, lib_obs(lib_first), ts, lib
+
+    first, lib_first, ts, lib = jax.jit(run, compiler_options=RUN_ONCE)(jnp.asarray(actions))
+    final_obs, reward, terminated, truncated, next_obs = jax.device_get(lib)
+    np.testing.assert_allclose(first, lib_first, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ts.final_obs, final_obs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ts.reward, reward, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ts.terminated, terminated)
+    np.testing.assert_array_equal(ts.truncated, truncated)
+    np.testing.assert_allclose(ts.obs, next_obs, rtol=1e-6, atol=1e-6)  # the next episode's start where one ended
+    ended = np.asarray(terminated | truncated)
+    assert (np.asarray(ts.episode_length)[ended] >= 1).all()
+    return {"terminated": int(np.sum(terminated)), "truncated": int(np.sum(truncated & ~terminated))}
+
+
+def test_brax_matches_brax_step():
+    pytest.importorskip("brax")
+    from brax import envs
+
+    env = make_env("brax:inverted_pendulum")
+    lib = envs.get_environment("inverted_pendulum", backend="spring")
+
+    def lib_step(key, state, action):
+        state = lib.step(state, jnp.clip(action, -1, 1))
+        return state, state.obs, state.reward, state.done > 0.5, jnp.array(False)
+
+    actions = np.random.default_rng(0).uniform(-3, 3, (STEPS, 1)).astype(np.float32)
+    ends = _compare(env, lambda k: (lambda s: (s, s.obs))(lib.reset(k)), lib_step, jnp.asarray, actions)
+    assert ends["terminated"] >= 1  # the pole falls under random pushes
+
+
+def test_jumanji_matches_jumanji_step():
+    pytest.importorskip("jumanji")
+    import jumanji
+
+    env = make_env("jumanji:Snake-v1")
+    lib = jumanji.make("Snake-v1")
+
+    def lib_obs(o):  # the grid, the step count, then the mask: the adapter's layout
+        return jnp.concatenate([jnp.ravel(o.grid), o.step_count[None], o.action_mask]).astype(jnp.float32)
+
+    def lib_step(key, state, action):
+        state, ts = lib.step(state, action)
+        last = ts.last()
+        return state, ts.observation, ts.reward, last & (ts.discount == 0), last & (ts.discount != 0)
+
+    assert env.spec.action_mask
+    actions = np.random.default_rng(0).integers(0, 4, STEPS)
+    ends = _compare(env, lambda k: (lambda s, t: (s, t.observation))(*lib.reset(k)), lib_step, lib_obs, actions)
+    assert ends["terminated"] >= 1  # the snake hits a wall or itself
+
+
+def test_craftax_matches_craftax_step():
+    pytest.importorskip("craftax")
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    env = make_env("craftax:Craftax-Classic-Symbolic-v1")
+    lib = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
+    params = lib.default_params
+
+    def lib_step(key, state, action):
+        obs, state, reward, done, _ = lib.step(key, state, action, params)
+        return state, obs, reward, done, jnp.array(False)
+
+    actions = np.random.default_rng(0).integers(0, 17, STEPS)
+    _compare(env, lambda k: lib.reset(k, params)[::-1], lib_step, jnp.asarray, actions)
+
+
+def test_navix_matches_navix_step():
+    pytest.importorskip("navix")
+    import navix
+
+    env = make_env("navix:Navix-Empty-5x5-v0")
+    lib = navix.make("Navix-Empty-5x5-v0")
+
+    def lib_step(key, timestep, action):
+        timestep = lib.step(timestep, action)
+        return (timestep, timestep.observation, timestep.reward, timestep.step_type == 2,
+                timestep.step_type == 1)
+
+    actions = np.random.default_rng(1).integers(0, 3, 250)  # turns and forward: reaches the goal or times out
+    ends = _compare(env, lambda k: (lambda t: (t, t.observation))(lib.reset(k)), lib_step, jnp.asarray, actions)
+    assert sum(ends.values()) >= 2
+
+
+def test_a_missing_suite_is_one_line_naming_its_extra(monkeypatch):
+    from podracer.errors import PodracerError
+
+    monkeypatch.setitem(__import__("sys").modules, "navix", None)  # as if not installed
+    make_env.cache_clear()  # an environment made by an earlier test would be answered from the cache
+    with pytest.raises(PodracerError, match=r'needs navix: pip install -e "\.\[navix\]"') as err:
+        make_env("navix:Navix-Empty-5x5-v0")
+    assert "\n" not in str(err.value)
+    with pytest.raises(PodracerError, match="arch=sebulba"):
+        make_env("gymnasium:CartPole-v1")

@@ -1,0 +1,63 @@
+"""A short PPO run per JAX suite beats a random policy by a margin a broken adapter cannot reach.
+
+Untrained-policy returns, measured with the same runs at a learning rate of 0:
+Navix Empty-5x5 0.43, brax inverted_pendulum 20 (the pole falls), Jumanji
+PacMan 98 (uniform over the legal moves). Each run is Anakin's PPO program on
+one CPU device, in this process (its time is mostly compilation); the returns
+are those of the episodes that ended during a call.
+
+Jumanji's Snake is no learning test at this size: uniform over its legal moves
+a snake already eats about 5 fruit a game, and 100k steps of PPO do not eat
+faster. PacMan learns within 50k steps, and its legal-move mask carries
+weight: with the mask put first in the observation instead of last (the
+network then reads features as legality), the same run stays near 120.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from podracer.anakin.env import make_env
+from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.config import OptimConfig, make_optimizer
+from podracer.networks import make_network
+from podracer.ppo import PPOConfig
+from podracer.protocol import parallel
+
+
+def _returns(env_id, calls, num_envs, rollout_len=32, updates_per_call=8, lr=1e-3, **ppo):
+    """The mean return of the episodes that ended in each of `calls` train calls."""
+    env = make_env(env_id)
+    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
+                           action_mask=env.spec.action_mask)
+    ppo_config = PPOConfig(**ppo)
+    config = AnakinConfig(num_envs=num_envs, rollout_len=rollout_len, updates_per_call=updates_per_call)
+    optimizer = make_optimizer(OptimConfig(lr=lr),
+                               calls * updates_per_call * ppo_config.epochs * ppo_config.minibatches)
+    init, train = make_anakin(env, network, optimizer, ppo_config, config,
+                              parallel.make_mesh(jax.devices()[:1]))
+    runner, returns = init(jax.random.PRNGKey(0)), []
+    for _ in range(calls):
+        runner, metrics = train(runner)
+        episodes = float(np.sum(metrics["episodes"]))
+        returns.append(float(np.sum(metrics["episode_return_sum"])) / max(episodes, 1.0))
+    return returns
+
+
+def test_navix_learns_empty_room():
+    pytest.importorskip("navix")
+    returns = _returns("navix:Navix-Empty-5x5-v0", calls=4, num_envs=32)  # 32,768 steps
+    assert returns[-1] > 0.9, returns  # untrained: 0.43; the goal is a few cells away
+
+
+def test_brax_learns_inverted_pendulum():
+    pytest.importorskip("brax")
+    returns = _returns("brax:inverted_pendulum", calls=4, num_envs=64)  # 65,536 steps
+    assert returns[-1] > 50, returns  # untrained: 20 steps upright; learned: about 67
+
+
+def test_jumanji_learns_pacman_with_masks():
+    pytest.importorskip("jumanji")
+    assert make_env("jumanji:PacMan-v1").spec.action_mask
+    returns = _returns("jumanji:PacMan-v1", calls=4, num_envs=64)  # 65,536 steps
+    assert returns[-1] > 160, returns  # untrained: 98; learned: about 190; mask misread: about 120
