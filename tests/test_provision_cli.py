@@ -477,7 +477,7 @@ STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 def test_plain_create_carries_network_identity_tags_tier_and_topology(cli, service):
     status, out, err = cli(
-        "--network=tpu-net", "--subnetwork=projects/host/regions/us-central2/subnetworks/tpu-sub",
+        "--vpc-network=tpu-net", "--subnetwork=projects/host/regions/us-central2/subnetworks/tpu-sub",
         "--tags=podracer,allow-ssh", "--tags", "trainers", f"--service-account={SERVICE_ACCOUNT}",
         "--reserved", "--internal-ips", *TRAINING,
         shape=("--tpu-version=v4", "--topology=2x2x4"))
@@ -502,7 +502,7 @@ def test_plain_create_carries_network_identity_tags_tier_and_topology(cli, servi
 
 def test_queued_create_carries_them_in_its_node_spec_and_spot_on_its_tier(cli, service):
     status, out, err = cli(
-        "--queued", "--spot", "--network=tpu-net", "--tags=podracer",
+        "--queued", "--spot", "--vpc-network=tpu-net", "--tags=podracer",
         f"--service-account={SERVICE_ACCOUNT}", f"--scopes={STORAGE_SCOPE}", *TRAINING,
         shape=("--tpu-version=v5litepod", "--topology=4x4"))
 
@@ -535,7 +535,7 @@ def test_queued_reserved_asks_for_any_reservation_of_the_project_in_the_zone(cli
 
 def test_dry_run_prints_the_network_identity_tags_tier_and_shape(cli, service):
     status, out, err = cli(
-        "--dry-run", "--internal-ips", "--network=tpu-net", "--tags=podracer,allow-ssh",
+        "--dry-run", "--internal-ips", "--vpc-network=tpu-net", "--tags=podracer,allow-ssh",
         f"--service-account={SERVICE_ACCOUNT}", "--spot", *TRAINING,
         shape=("--tpu-version=v4", "--topology=2x2x4"))
 
@@ -606,7 +606,7 @@ def test_a_mistyped_provisioner_flag_is_named_and_never_reaches_the_workers(
 @pytest.mark.parametrize("flags, fragment", [
     (["--tags=podracer,Allow_SSH"], "--tags: 'Allow_SSH' is not a valid network tag"),
     (["--tags=" + "a" * 64], "is not a valid network tag"),
-    (["--network=My_Net"], "--network='My_Net' is not valid"),
+    (["--vpc-network=My_Net"], "--vpc-network='My_Net' is not valid"),
     (["--subnetwork=projects/p/regions/r/subnetworks/Bad_Sub"], "--subnetwork="),
     (["--service-account=trainer"], "--service-account='trainer' is not valid"),
     (["--scopes=cloud-platform"], "'cloud-platform' is not an OAuth scope URL"),

@@ -130,7 +130,7 @@ def test_shape_and_network_values_are_read_as_gcloud_reads_them():
     command = parse_command([
         "--tpu=s", "--zone=z", "--tpu-version=V5P", "--topology=2X2X1", "--tags=a,b", "--tags=a",
         "--scopes", "https://www.googleapis.com/auth/devstorage.read_only",
-        "--network=projects/host/global/networks/shared-net", "--internal-ips"])
+        "--vpc-network=projects/host/global/networks/shared-net", "--internal-ips"])
     spec = command.spec
     assert (spec.accelerator_type, spec.tpu_version, spec.topology) == ("", "v5p", "2x2x1")
     assert spec.runtime_version == "v2-alpha-tpuv5"

@@ -136,7 +136,7 @@ def explain(error: Exception, spec: SliceSpec, doing: str, timing: Timing) -> Ap
     elif isinstance(error, api_exceptions.InvalidArgument):
         text = (f"the TPU API rejected the request while {doing}: {message}; check "
                 "--accelerator-type (or --tpu-version and --topology), --runtime-version, "
-                "--zone, and --network, --subnetwork, --service-account if given "
+                "--zone, and --vpc-network, --subnetwork, --service-account if given "
                 f"(`gcloud compute tpus accelerator-types list --zone={zone}`)")
     elif isinstance(error, api_exceptions.NotFound):
         text = (f"not found while {doing}: {message}; check --tpu, --zone and --project "

@@ -95,8 +95,10 @@ def _make_parser(verb: str) -> _Parser:
         slice_flags.add_argument("--queued", action="store_true",
                                  help="create a queued resource that waits for capacity")
         net = parser.add_argument_group("network and identity (as gcloud compute tpus tpu-vm create)")
-        net.add_argument("--network", help="VPC network (default: the project's `default`)")
-        net.add_argument("--subnetwork", help="subnetwork of --network")
+        # gcloud calls it --network; here --network is the policy's (mlp, lstm, gru).
+        net.add_argument("--vpc-network", dest="network",
+                         help="VPC network (default: the project's `default`)")
+        net.add_argument("--subnetwork", help="subnetwork of --vpc-network")
         net.add_argument("--internal-ips", action="store_true",
                          help="no external IPs on the workers; they then need Cloud NAT to reach "
                               "PyPI and GitHub (default: external IPs, as gcloud)")

@@ -78,7 +78,7 @@ def _check_network(value: str, flag: str, path: re.Pattern, example_path: str) -
 def networking(network: str | None, subnetwork: str | None, internal_ips: bool,
                tags: Iterable[str] | None) -> Networking:
     if network:
-        _check_network(network, "--network", _NETWORK_PATH,
+        _check_network(network, "--vpc-network", _NETWORK_PATH,
                        "projects/host-project/global/networks/my-network")
     if subnetwork:
         _check_network(subnetwork, "--subnetwork", _SUBNETWORK_PATH,
