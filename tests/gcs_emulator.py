@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 START_TIMEOUT_S = 30
+STALLED_CLIENT_S = 15
 
 
 def emulator_variables(url: str) -> dict[str, str]:
@@ -132,6 +133,10 @@ def serve(port: int) -> None:
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
 
+    # The emulator answers one request at a time. A client frozen mid-request (a test
+    # pauses a worker with SIGSTOP) would hold it for everyone; as a real server
+    # does, a connection silent this long is dropped.
+    server.RequestHandler.timeout = STALLED_CLIENT_S
     original = objects.download
     patched = _with_generation(original)
     objects.download = patched  # `objects.get` with alt=media calls it by name

@@ -144,22 +144,24 @@ def _final_state(run_dir: str) -> list[np.ndarray]:
     return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
 
 
-def _has_checkpoint(service) -> bool:
-    run_dir = _run_dir(service)
-    return bool(run_dir and checkpoint_steps(run_dir))
-
-
 def _at_first_checkpoint(emulated, service, disturb) -> list:
     """Once the run has a checkpoint: freeze the slice there (so it cannot finish first),
-    note its checkpoints, then `disturb()`. The list gets the steps noted."""
+    then `disturb()`. The list gets the checkpoints' steps seen then (read before the
+    freeze: nothing is asked of the bucket while a worker may be frozen mid-request)."""
     noted = []
+
+    def checkpointed() -> bool:
+        run_dir = _run_dir(service)
+        steps = checkpoint_steps(run_dir) if run_dir else []
+        if steps:
+            noted.append(steps)
+        return bool(steps)
 
     def act():
         emulated.pause(NAME)
-        noted.append(checkpoint_steps(_run_dir(service)))
         disturb()
 
-    emulated.when(lambda: _has_checkpoint(service), act)
+    emulated.when(checkpointed, act)
     return noted
 
 

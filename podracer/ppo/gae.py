@@ -46,12 +46,20 @@ def gae_advantages(
     delta = r_t + gamma * (1.0 - terminated) * v_next - v_t
     continues = gamma * lam * (1.0 - jnp.maximum(terminated, truncated.astype(v_t.dtype)))
 
+    advantages = backward_sum(delta, continues)
+    return advantages, advantages + v_t
+
+
+def backward_sum(delta: jax.Array, continues: jax.Array) -> jax.Array:
+    """`x[t] = delta[t] + continues[t] * x[t + 1]` over time-major [T, B] arrays, `x[T] = 0`:
+    GAE's advantages, V-trace's corrections."""
+
     def backward(carry, xs):
         delta, continues = xs
-        advantage = delta + continues * carry
-        return advantage, advantage
+        x = delta + continues * carry
+        return x, x
 
     # Unrolled: each step is a handful of tiny ops, so loop overhead would dominate.
-    _, advantages = jax.lax.scan(backward, jnp.zeros_like(bootstrap_value), (delta, continues),
-                                 reverse=True, unroll=16)
-    return advantages, advantages + v_t
+    _, xs = jax.lax.scan(backward, jnp.zeros_like(delta[0]), (delta, continues), reverse=True,
+                         unroll=16)
+    return xs

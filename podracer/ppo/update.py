@@ -137,6 +137,25 @@ def _env_orders(key: jax.Array, env_offset, num_envs: int, minibatches: int) -> 
     return (perms + minibatches * jnp.arange(blocks)[:, None]).T
 
 
+def sgd_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+             axis_names: Sequence[str]) -> Callable:
+    """`step((params, opt_state), minibatch) -> ((params, opt_state), metrics)` for `lax.scan`.
+
+    `loss_fn(params, minibatch) -> (loss, metrics)`; the gradients are averaged over
+    `axis_names` (the devices the batch is split over) before the optimizer's step.
+    """
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def step(carry, minibatch):
+        params, opt_state = carry
+        grads, metrics = grad_fn(parallel.vary(params, axis_names), minibatch)
+        grads = parallel.pmean(grads, axis_names)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+    return step
+
+
 def make_update(
     apply_fn: ApplyFn,
     optimizer: optax.GradientTransformation,
@@ -173,28 +192,14 @@ def make_update(
     def loss_fn(params, samples):
         return ppo_loss(params, apply_fn, samples, config, axis_names)
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-
-    def minibatch_step(carry, samples: Samples):
-        params, opt_state = carry
-        grads, metrics = grad_fn(parallel.vary(params, axis_names), samples)
-        grads = parallel.pmean(grads, axis_names)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
+    minibatch_step = sgd_step(loss_fn, optimizer, axis_names)
 
     def recurrent_loss_fn(params, sequences):
         samples, carry, reset = sequences
         replay = lambda p, obs: apply_fn(p, obs, carry, reset)[0]
         return ppo_loss(params, replay, samples, config, axis_names)
 
-    recurrent_grad_fn = jax.grad(recurrent_loss_fn, has_aux=True)
-
-    def sequence_step(carry, sequences):
-        params, opt_state = carry
-        grads, metrics = recurrent_grad_fn(parallel.vary(params, axis_names), sequences)
-        grads = parallel.pmean(grads, axis_names)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
+    sequence_step = sgd_step(recurrent_loss_fn, optimizer, axis_names)
 
     def recurrent_epochs(state, data, batch, initial_carry, key):
         num_steps, num_envs = batch.reward.shape

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from podracer.normalize import update_stats
-from podracer.ppo.update import policy_inputs, random_permutation
+from podracer.ppo.update import policy_inputs, random_permutation, sgd_step
 from podracer.protocol import parallel
 from podracer.types import TrainState, Transition
 from podracer.vtrace.config import ImpalaConfig
@@ -48,14 +48,7 @@ def make_update(
     def loss_fn(params, seqs):
         return impala_loss(params, apply_fn, seqs, config, axis_names)
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-
-    def minibatch_step(carry, seqs: Sequences):
-        params, opt_state = carry
-        grads, metrics = grad_fn(parallel.vary(params, axis_names), seqs)
-        grads = parallel.pmean(grads, axis_names)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
+    minibatch_step = sgd_step(loss_fn, optimizer, axis_names)
 
     def update(state: TrainState, batch: Transition, bootstrap_value: jax.Array, key: jax.Array):
         num_steps, num_envs = batch.reward.shape

@@ -8,6 +8,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from podracer.ppo.gae import backward_sum
+
 
 class VTraceOutput(NamedTuple):
     """As rlax names them: `errors` = v_s - V(x_s), the policy-gradient advantages, and their Q estimates."""
@@ -85,13 +87,7 @@ def vtrace_td_error_and_advantage(
     delta = rho * (r_t + discount * v_next - v_t)
     continues = gamma * not_done * c
 
-    def backward(carry, xs):
-        delta, continues = xs
-        error = delta + continues * carry
-        return error, error
-
-    _, errors = jax.lax.scan(backward, jnp.zeros_like(bootstrap_value), (delta, continues),
-                             reverse=True, unroll=16)
+    errors = backward_sum(delta, continues)
     # The next state's target: its correction carries over only within an episode.
     next_errors = jnp.concatenate([errors[1:], jnp.zeros_like(errors[:1])], axis=0)
     vs_next = v_next + not_done * next_errors
