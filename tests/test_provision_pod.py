@@ -286,7 +286,7 @@ def test_attach_follows_a_run_whose_launcher_was_killed_to_its_end(pod, gcs_buck
 
     _assert_finished(outcome, emulated, gcs_bucket)
     assert f"attached to the run in {outcome.run_dir}" in outcome.out
-    assert f"the run finished on every worker of TPU {NAME}" in outcome.out
+    assert "the run finished on every worker" in outcome.out  # then deleted, by it or worker 0
     emulated.assert_nothing_left()
 
 
