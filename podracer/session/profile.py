@@ -97,6 +97,7 @@ class Profiler(Timings):
         self._trace_window_s: float | None = None
         self._traced_begun: set[str] = set()  # names of the operations begun in the trace
         self._traced_ended: set[str] = set()  # ... and of those ended in it at least once
+        self._traced_lock = threading.Lock()  # apart from _trace_lock, held while a trace is written
 
     @contextlib.contextmanager
     def measure(self, name: str) -> Iterator[None]:
@@ -107,7 +108,8 @@ class Profiler(Timings):
         local.inside = name
         traced = self._annotate
         if traced:
-            self._traced_begun.add(name)
+            with self._traced_lock:  # another thread may be comparing the two sets
+                self._traced_begun.add(name)
         start = clock()
         try:
             if self._annotate:
@@ -120,8 +122,9 @@ class Profiler(Timings):
             local.inside = None
             self._record(name, end - start)
             if traced:
-                self._traced_ended.add(name)
-            if end >= self._trace_deadline and self._traced_begun <= self._traced_ended:
+                with self._traced_lock:
+                    self._traced_ended.add(name)
+            if end >= self._trace_deadline and self._whole_once():
                 self._stop_trace(record=True)
 
     def _record(self, name: str, seconds: float) -> None:
@@ -152,6 +155,11 @@ class Profiler(Timings):
         self._start = clock()
         if self._annotate:
             self._trace_deadline = self._start + self.trace_s
+
+    def _whole_once(self) -> bool:
+        """Whether every operation begun in the trace has ended in it at least once."""
+        with self._traced_lock:
+            return self._traced_begun <= self._traced_ended
 
     def _stop_trace(self, record: bool) -> None:
         """Stop the trace (once, whichever thread gets here first); `record` its writing time."""
