@@ -1,8 +1,9 @@
 """Populations: many agents in one compiled program, and the statistics to report them.
 
-A population is `--num-seeds` seeds crossed with the grid of every `--sweep
-NAME=V1,V2,...` (settings major, seeds minor: agent `i` has the setting
-`i // num_seeds` and the seed `--seed + i % num_seeds`). Every agent owns its
+A population is `--num-seeds` seeds crossed with the settings of every
+`--sweep NAME=V1,V2,...`: their grid, or with `--sweep-as-given` the lists read
+side by side (the i-th value of each makes setting i). Settings major, seeds
+minor: agent `i` has the setting `i // num_seeds` and the seed `--seed + i % num_seeds`. Every agent owns its
 key, parameters, optimizer state and environments; the architecture vmaps
 them in one program. A swept setting must be one that can vary without
 recompiling (`SWEEPABLE`): it becomes a traced per-agent scalar, carried with
@@ -37,7 +38,10 @@ class PopulationConfig:
     num_seeds: int = bounded(1, POSITIVE)
     """Independent agents per setting, seeds --seed, --seed+1, ...: each has its own key, parameters, optimizer state and environments, and trains --total-steps steps of its own; all of them are vmapped in one compiled program (Anakin PPO, IMPALA and ES; Sebulba refuses it)."""
     sweep: tuple[str, ...] = ()
-    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps and with the seeds. PPO/IMPALA: lr, max-grad-norm, adam-eps, ent-coef, vf-coef, gamma; PPO: clip-eps, gae-lambda; IMPALA: vtrace-lambda, rho-bar, c-bar, pg-rho-bar; ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
+    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps (or paired with them, --sweep-as-given) and with the seeds. PPO/IMPALA: lr, max-grad-norm, adam-eps, ent-coef, vf-coef, gamma; PPO: clip-eps, gae-lambda; IMPALA: vtrace-lambda, rho-bar, c-bar, pg-rho-bar; ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
+
+    sweep_as_given: bool = False
+    """Pair the --sweep lists instead of crossing them: the i-th value of every list makes the i-th setting (e.g. --sweep lr=1e-3,3e-4 --sweep ent-coef=0.01,0 is two settings, not four); every list has the same length."""
 
     def __post_init__(self):
         check_bounds(self)
@@ -105,14 +109,28 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, li
     return out
 
 
+def settings_of(sweeps: dict[str, list[float]], as_given: bool) -> list[dict[str, float]]:
+    """The population's settings: the grid of the sweeps (first sweep slowest), or the lists side by side."""
+    if not sweeps:
+        return [{}]
+    if not as_given:
+        return [dict(zip(sweeps, values)) for values in itertools.product(*sweeps.values())]
+    lengths = {name: len(values) for name, values in sweeps.items()}
+    if len(set(lengths.values())) > 1:
+        given = ", ".join(f"{_flag(n)} has {k}" for n, k in lengths.items())
+        raise PodracerError(f"--sweep-as-given pairs the i-th values of every --sweep, so every list needs "
+                            f"the same length ({given}); give equal lists or drop --sweep-as-given for the grid")
+    return [dict(zip(sweeps, values)) for values in zip(*sweeps.values())]
+
+
 def agents(configs: dict[str, Any]) -> list[Agent]:
-    """Every agent of the run: the grid of sweeps (first sweep slowest), each with every seed."""
+    """Every agent of the run: each setting (`settings_of`) with every seed."""
     population: PopulationConfig = configs.get("population", PopulationConfig())
     sweeps = parse_sweeps(population.sweep, configs)
     seed = configs["run"].seed
-    grid = [dict(zip(sweeps, values)) for values in itertools.product(*sweeps.values())] or [{}]
-    return [Agent(i * population.num_seeds + s, seed + s, settings)
-            for i, settings in enumerate(grid) for s in range(population.num_seeds)]
+    settings = settings_of(sweeps, population.sweep_as_given)
+    return [Agent(i * population.num_seeds + s, seed + s, setting)
+            for i, setting in enumerate(settings) for s in range(population.num_seeds)]
 
 
 def is_population(configs: dict[str, Any]) -> bool:

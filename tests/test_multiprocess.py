@@ -201,6 +201,37 @@ def test_es_population_spans_both_processes_and_matches_one_process(tmp_path):
     assert np.abs(a - first).max() > 1e-3
 
 
+def test_population_agents_split_over_both_processes_match_one_process(tmp_path):
+    """4 agents (2 seeds x 2 learning rates), one per device of 2 processes x 2 devices."""
+    import jax
+
+    population = [*SMALL, "--num-seeds=2", "--sweep", "lr=0,1e-3", "--checkpoint-every=512"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    result = subprocess.run([PYTHON, LAUNCHER, *population, *TWO, f"--run-dir={two}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["devices"] == 4
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert [(a["agent"], a["seed"], a["settings"]) for a in summary["agents"]] == [
+        (0, 3, {"lr": 0.0}), (1, 4, {"lr": 0.0}), (2, 3, {"lr": 1e-3}), (3, 4, {"lr": 1e-3})]
+    assert all(a["episode_return_mean"] is not None for a in summary["agents"])
+
+    result = subprocess.run([PYTHON, LAUNCHER, *population, "--cpu-devices=4", f"--run-dir={one}"],
+                            capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = _final(two), _final(one)
+    for x, y in zip(jax.tree.leaves(a["train"]["params"]), jax.tree.leaves(b["train"]["params"])):
+        assert x.shape[0] == 4  # every agent, gathered from both processes
+        np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-4)
+    # The learning-rate-0 agents held their parameters, the others moved: each device trained its own.
+    first = restore_on_host(str(two / "checkpoints" / "512" / "state"))["train"]["params"]
+    moved = [max(float(np.abs(x[i] - y[i]).max()) for x, y in
+                 zip(jax.tree.leaves(a["train"]["params"]), jax.tree.leaves(first))) for i in range(4)]
+    assert moved[0] == moved[1] == 0 and min(moved[2:]) > 1e-4, moved
+
+
 def _children(pid):
     import psutil
 

@@ -98,6 +98,21 @@ def test_es_agent_equals_the_run_of_one_agent():
     assert not np.allclose(params[1], alone, atol=1e-4)  # sigma 0.05, seed 1: another agent
 
 
+def test_sweeps_as_given_pair_their_values_instead_of_crossing_them():
+    sweeps = ["--num-seeds=2", "--sweep", "lr=0,1e-3", "--sweep", "ent-coef=0.02,0"]
+    grid = pop.agents(parse(SMALL + sweeps).configs)
+    paired = pop.agents(parse(SMALL + sweeps + ["--sweep-as-given"]).configs)
+    assert [a.settings for a in grid[::2]] == [{"lr": 0.0, "ent_coef": 0.02}, {"lr": 0.0, "ent_coef": 0.0},
+                                               {"lr": 1e-3, "ent_coef": 0.02}, {"lr": 1e-3, "ent_coef": 0.0}]
+    assert [(a.index, a.seed, a.settings) for a in paired] == [
+        (0, 0, {"lr": 0.0, "ent_coef": 0.02}), (1, 1, {"lr": 0.0, "ent_coef": 0.02}),
+        (2, 0, {"lr": 1e-3, "ent_coef": 0.0}), (3, 1, {"lr": 1e-3, "ent_coef": 0.0})]
+    # And the program trains each agent with its pair: agent 3 is the run of seed 1 alone with both.
+    _, params = _params_after_one_call(SMALL + sweeps + ["--sweep-as-given"], jax.devices()[:1])
+    _, alone = _params_after_one_call(SMALL + ["--seed=1", "--lr=1e-3", "--ent-coef=0"], jax.devices()[:1])
+    _close(_agent(params, 3), alone, rtol=2e-4, atol=2e-5)
+
+
 def test_iqm_and_stratified_bootstrap():
     assert pop.iqm(np.arange(10.0)) == pytest.approx(4.5)  # the mean of 2..7
     assert pop.iqm([1.0, 2.0, 3.0, 100.0]) == pytest.approx(2.5)
@@ -120,6 +135,9 @@ def test_iqm_and_stratified_bootstrap():
     (["--arch=sebulba", "--num-seeds=2"], "populations train on --arch=anakin only"),
     (["--num-seeds=2", "--record-dataset=/tmp/x"], "--record-dataset works with one agent"),
     (["--num-seeds=0"], "--num-seeds must be > 0"),
+    (["--sweep", "lr=1e-3,3e-4", "--sweep", "gamma=0.9,0.95,0.99", "--sweep-as-given"],
+     "every list needs the same length (lr has 2, gamma has 3)"),
+    (["--num-seeds=2", "--sweep-as-given"], "--sweep-as-given pairs the values of --sweep lists, and none"),
 ])
 def test_bad_population_input_is_one_line_exit_2(args, expected, capsys):
     assert cli.main(args) == 2

@@ -290,6 +290,32 @@ def test_anakin_es_profile_mode_times_evaluate_and_tell(tmp_path):
     assert main["evaluate_mean"]["calls"] == 2
 
 
+def test_anakin_es_population_profile_mode_times_evaluate_and_tell_of_every_agent(tmp_path):
+    from podracer.anakin.train_es import train_es
+
+    flags = ("--algo=es", "--population=8", "--horizon=30", "--generations-per-call=2",
+             "--total-steps=960", "--eval-episodes=2", "--hidden", "8", "--num-seeds=2",
+             "--sweep", "sigma=0.05,0.1")
+    devices = jax.devices()[:2]
+    fused, fused_runner = train_es(_configs(tmp_path, "fused", *flags), devices)
+    profiled, profiled_runner = train_es(_configs(tmp_path, "profiled", *flags, "--profile",
+                                                  "--profile-trace-s=0"), devices)
+    # Every agent's mean, and every agent's logged figures, as the fused population step's.
+    np.testing.assert_allclose(np.asarray(profiled_runner.strategy.mean),
+                               np.asarray(fused_runner.strategy.mean), rtol=1e-6, atol=1e-6)
+    assert [a["mean_params_return"] for a in profiled["agents"]] == pytest.approx(
+        [a["mean_params_return"] for a in fused["agents"]])
+    rows = {name: [json.loads(line)["agents"] for line in (tmp_path / name / "metrics.jsonl").open()]
+            for name in ("fused", "profiled")}
+    keys = ("episode_return_mean", "episode_return_max", "episode_return_min")
+    fitness = {name: [[agent[k] for agent in row for k in keys] for row in agents]
+               for name, agents in rows.items()}
+    np.testing.assert_allclose(fitness["profiled"], fitness["fused"], rtol=1e-5)
+    main = _rows(profiled["profile"], "main")
+    assert main["evaluate"]["calls"] == main["tell"]["calls"] == profiled["generations"] == 4
+    assert main["evaluate_mean"]["calls"] == 2 and "population_step" not in main
+
+
 def test_sebulba_es_profile_attributes_actor_and_learner_time(tmp_path):
     from podracer.sebulba.train_es import train_es
 

@@ -47,7 +47,7 @@ def cli(server, launcher, capsys, gcs_bucket):
     def run(*argv, verb=None, slice_flags=True, shape=("--accelerator-type=v4-32",)):
         flags = [f"--zone={ZONE}", f"--project={PROJECT}",
                  f"--api-endpoint={server.endpoint}", "--poll-interval=0.01",
-                 "--retry-deadline=2", "--ready-timeout=10", "--max-run-time=10"]
+                 "--retry-deadline=2", "--ready-timeout=10", "--max-run-time=60"]
         if slice_flags:
             flags += [f"--tpu={NAME}", *shape, f"--launcher={launcher}", f"--bucket={BUCKET}"]
         status = main(([verb] if verb else []) + flags + list(argv))
@@ -300,7 +300,7 @@ def test_ctrl_c_during_the_run_deletes_the_slice(cli, service):
 
     status, out, err = cli(*TRAINING)
 
-    assert status == 130
+    assert status == 130, err
     assert "interrupted; TPU slice-1 deleted" in _single_error_line(err)
     assert service.nodes == {}
 

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import flax.linen as nn
 
 from podracer.anakin.env import GymnaxEnv
-from podracer.anakin.es import ESRunner, _make_step
+from podracer.anakin.es import ESPhases, ESRunner, _make_step, make_anakin_es_phases
 from podracer.anakin.loop import AnakinConfig, Experience, RunnerState
 from podracer.normalize import RunningStats
 from podracer.protocol import parallel
@@ -166,3 +166,25 @@ def make_anakin_es_population(env: GymnaxEnv, policy: nn.Module, config_for: Cal
     everywhere = parallel.replicated(mesh)
     return (jax.jit(init, out_shardings=everywhere, compiler_options=parallel.run_once_options(mesh)),
             jax.jit(step, in_shardings=everywhere, out_shardings=everywhere, donate_argnums=0))
+
+
+def make_anakin_es_population_phases(env: GymnaxEnv, policy: nn.Module, config_for: Callable,
+                                     mesh: Mesh) -> ESPhases:
+    """`make_anakin_es_phases` for every agent at once (profile mode), each phase vmapped.
+
+    Each phase takes the agents' swept settings first, `phase(hparams, *args)`,
+    every argument and result with a leading agent axis; run in order they
+    compute what `make_anakin_es_population`'s fused step computes.
+    """
+    everywhere = parallel.replicated(mesh)
+
+    def vmapped(name: str):
+        def run(hparams, *args):
+            def one(hparams, *args):
+                return getattr(make_anakin_es_phases(env, policy, config_for(hparams), mesh), name)(*args)
+
+            return jax.vmap(one)(hparams, *args)
+
+        return jax.jit(run, in_shardings=everywhere, out_shardings=everywhere)
+
+    return ESPhases(*(vmapped(name) for name in ESPhases._fields))

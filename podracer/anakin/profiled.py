@@ -11,6 +11,7 @@ trip and a device sync between phases, no fusion across them).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from podracer.protocol import parallel
-from podracer.anakin.es import ESPhases, ESRunner
+from podracer.anakin.es import ESPhases
 
 NOTE = ("Anakin profile mode splits the one jitted program into separately compiled phases "
         "and waits for each; its steps/s are not the production figure")
@@ -57,20 +58,31 @@ def make_profiled_ppo_train(act, learn, updates_per_call: int, measure: Measure)
     return train
 
 
-def compile_es_phases(phases: ESPhases, runner: ESRunner) -> ESPhases:
-    """`phases` (`make_anakin_es_phases`) compiled ahead of time for `runner`'s shapes."""
-    split = phases.split_keys.lower(runner.key)
+def compile_es_phases(phases: ESPhases, runner, hparams=None) -> ESPhases:
+    """`phases` (`make_anakin_es_phases`) compiled ahead of time for `runner`'s shapes.
+
+    A population's phases (`make_anakin_es_population_phases`) take the agents'
+    settings `hparams` first; the compiled phases come back with them bound.
+    """
+    bound = () if hparams is None else (hparams,)
+    split = phases.split_keys.lower(*bound, runner.key)
     _, generation_keys, eval_key = split.out_info
-    evaluate = phases.evaluate.lower(runner.strategy, runner.obs_stats, generation_keys[0])
-    tell = phases.tell.lower(runner.strategy, runner.obs_stats, *evaluate.out_info)
-    evaluate_mean = phases.evaluate_mean.lower(runner.strategy.mean, runner.obs_stats, eval_key)
-    return ESPhases(split.compile(), evaluate.compile(), tell.compile(), evaluate_mean.compile())
+    evaluate = phases.evaluate.lower(*bound, runner.strategy, runner.obs_stats, generation_keys[0])
+    tell = phases.tell.lower(*bound, runner.strategy, runner.obs_stats, *evaluate.out_info)
+    evaluate_mean = phases.evaluate_mean.lower(*bound, runner.strategy.mean, runner.obs_stats, eval_key)
+    compiled = (split, evaluate, tell, evaluate_mean)
+    return ESPhases(*(functools.partial(c.compile(), *bound) for c in compiled))
 
 
-def make_profiled_es_step(phases: ESPhases, measure: Measure) -> Callable:
-    """`step(runner) -> (runner, metrics)` like `make_anakin_es`'s, each phase timed on its own."""
+def make_profiled_es_step(phases: ESPhases, measure: Measure, agents: bool = False) -> Callable:
+    """`step(runner) -> (runner, metrics)` like `make_anakin_es`'s, each phase timed on its own.
 
-    def step(runner: ESRunner):
+    With `agents` the phases are a population's, every value with a leading
+    agent axis; the metrics are then laid out `[agent, generation, ...]` as the
+    fused population step's.
+    """
+
+    def step(runner):
         key, generation_keys, eval_key = phases.split_keys(runner.key)
         state, obs_stats, rows = runner.strategy, runner.obs_stats, []
         for generation_key in generation_keys:
@@ -84,8 +96,12 @@ def make_profiled_es_step(phases: ESPhases, measure: Measure) -> Callable:
         with measure("evaluate_mean"):
             mean_return = jax.block_until_ready(phases.evaluate_mean(state.mean, obs_stats, eval_key))
         with measure("metrics_to_host"):
-            metrics = dict(stack_metrics(rows), mean_params_return=parallel.to_host(mean_return),
-                           params_finite=parallel.to_host(jnp.all(jnp.isfinite(state.mean))))
-        return ESRunner(state, obs_stats, key), metrics
+            stacked = stack_metrics(rows)
+            if agents:
+                stacked = jax.tree.map(lambda x: np.moveaxis(x, 0, 1), stacked)
+            finite = jnp.all(jnp.isfinite(state.mean), axis=-1 if agents else None)
+            metrics = dict(stacked, mean_params_return=parallel.to_host(mean_return),
+                           params_finite=parallel.to_host(finite))
+        return runner._replace(strategy=state, obs_stats=obs_stats, key=key), metrics
 
     return step

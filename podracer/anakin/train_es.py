@@ -18,7 +18,7 @@ from podracer.anakin.env import make_env
 from podracer import population
 from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
-from podracer.anakin.population import make_anakin_es_population
+from podracer.anakin.population import make_anakin_es_population, make_anakin_es_population_phases
 from podracer.data.record import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.es.metrics import ES_FIX, es_row
@@ -38,30 +38,18 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                                  net.hidden, net.activation, env.spec.action_mask)
     if population.is_population(configs):
-        # One agent's step with its settings, vmapped over the agents. Profile mode times
-        # the fused step as one phase (`population_step`): its phases are not split.
+        # One agent's step with its settings, vmapped over the agents (and so are the phases).
         members = population.agents(configs)
-        init, step = make_anakin_es_population(
-            env, policy, lambda hparams: population.configs_for(configs, hparams)["es"], mesh)
+        config_for = lambda hparams: population.configs_for(configs, hparams)["es"]
+        init, step = make_anakin_es_population(env, policy, config_for, mesh)
         keys = jnp.stack([jax.random.PRNGKey(m.seed) for m in members])
         hparams = {k: jnp.asarray(v) for k, v in population.hyperparameters(members).items()}
+        phases = make_anakin_es_population_phases(env, policy, config_for, mesh) if profile else None
         return Program(env, policy, layout, Calls(0, num_calls, steps_per_call),
-                       lambda _key: init(keys, hparams), step, None)
+                       lambda _key: init(keys, hparams), step, phases)
     init, step = make_anakin_es(env, policy, es_config, mesh)
     phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
     return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
-
-
-def _profiled_whole(step, measure):
-    """A population's fused step, timed as one phase (`population_step`) in profile mode."""
-
-    def timed(runner):
-        with measure("population_step"):
-            runner, metrics = jax.block_until_ready(step(runner))
-        with measure("metrics_to_host"):
-            return runner, parallel.to_host(metrics)
-
-    return timed
 
 
 def train_es(configs: dict[str, Any], devices=None):
@@ -90,10 +78,10 @@ def train_es(configs: dict[str, Any], devices=None):
     pop_log = (session.population_log(members, "mean_params_return")
                if population.is_population(configs) else None)
     compile_start = time.perf_counter()
-    if session.profiler and pop_log is not None:
-        step = _profiled_whole(built.step.lower(runner).compile(), session.measure)
-    elif session.profiler:
-        step = make_profiled_es_step(compile_es_phases(built.phases, runner), session.measure)
+    if session.profiler:
+        hparams = runner.hparams if pop_log is not None else None
+        step = make_profiled_es_step(compile_es_phases(built.phases, runner, hparams), session.measure,
+                                     agents=pop_log is not None)
     else:
         step = built.step.lower(runner).compile()
     session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)

@@ -25,7 +25,7 @@ from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
 from podracer.ppo.config import PPOConfig
 from podracer.vtrace.config import ImpalaConfig
 from podracer import population
-from podracer.population import PopulationConfig, parse_sweeps
+from podracer.population import PopulationConfig
 from podracer.presets import preset_for
 from podracer.sebulba.config import SebulbaConfig
 from podracer.session.checkpoint import CheckpointConfig, config_record
@@ -130,7 +130,10 @@ def parse(argv: Sequence[str]) -> Parsed:
         except ValueError as err:
             raise PodracerError(str(err)) from None
     _refuse_recurrent(configs)
-    parse_sweeps(configs["population"].sweep, configs)  # a bad --sweep is one line, before anything runs
+    population.agents(configs)  # a bad --sweep is one line, before anything runs
+    if configs["population"].sweep_as_given and not configs["population"].sweep:
+        raise PodracerError("--sweep-as-given pairs the values of --sweep lists, and none is given; "
+                            "add --sweep NAME=V1,V2,... or drop --sweep-as-given")
     data = configs["data"]
     if population.is_population(configs) and (data.record_dataset or data.init_from_dataset):
         flag = "--record-dataset" if data.record_dataset else "--init-from-dataset"
