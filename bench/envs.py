@@ -1,8 +1,8 @@
 """What each JAX suite costs on Anakin, and podracer against brax's own PPO trainer on brax envs.
 
 Per suite, at the same batch (64 environments): `env_sps`, raw environment
-steps/s with uniformly random actions (one jitted `lax.scan` of the vmapped
-adapter step, auto-reset included), and `ppo_sps`, podracer's Anakin PPO
+steps/s with uniformly random actions (one jitted `lax.scan` of the adapter's
+batched step, as Anakin's rollout runs it, auto-reset included), and `ppo_sps`, podracer's Anakin PPO
 training steps/s (64 envs x 64 steps, 4 epochs x 4 minibatches, 64x64 MLPs).
 
 Then brax's own PPO trainer (`brax.training.agents.ppo.train`) and podracer
@@ -34,10 +34,8 @@ from podracer.ppo import PPOConfig
 from podracer.protocol import parallel
 
 NUM_ENVS, ROLLOUT, UPDATES_PER_CALL = 64, 64, 4
-# Craftax is left out unless named (--suites craftax:Craftax-Classic-Symbolic-v1): its row,
-# mostly compilation, had not finished after 10 minutes on a shared 2-core machine.
 SUITES = ("CartPole-v1", "brax:fast", "brax:inverted_pendulum", "jumanji:Snake-v1", "jumanji:PacMan-v1",
-          "navix:Navix-Empty-5x5-v0")
+          "navix:Navix-Empty-5x5-v0", "craftax:Craftax-Classic-Symbolic-v1")
 
 
 def env_sps(env_id: str, steps: int) -> float:
@@ -54,7 +52,10 @@ def env_sps(env_id: str, steps: int) -> float:
                 action = jax.random.randint(action_key, (NUM_ENVS,), 0, spec.action_dim)
             else:
                 action = jax.random.uniform(action_key, (NUM_ENVS, spec.action_dim), minval=-1, maxval=1)
-            state, ts = jax.vmap(env.step)(jax.random.split(env_key, NUM_ENVS), state, action)
+            # As Anakin's rollout steps a batch: draws ahead, then `step_batch` (Craftax
+            # makes a new world only where an episode ended).
+            draws = jax.vmap(env.draw)(jax.random.split(env_key, NUM_ENVS))
+            state, ts = env.step_batch(draws, state, action)
             # The observations too: a constant reward (inverted_pendulum's 1 a step) would let
             # XLA drop the physics altogether.
             return state, ts.reward.sum() + ts.obs.astype(jnp.float32).sum()

@@ -28,6 +28,23 @@ PYTHON = sys.executable
 GCS_BUCKET = "podracer-runs"
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_are_restored(request):
+    """Every test leaves SIGINT and SIGTERM as it found them.
+
+    A run started from Python (a notebook, a test) must give the process its
+    own Ctrl-C back: a handler left behind would swallow the next one.
+    """
+    import signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {sig: signal.getsignal(sig) for sig in before}
+    for sig, handler in before.items():
+        signal.signal(sig, handler)  # the next test starts clean whatever happened here
+    assert after == before, f"{request.node.nodeid} left signal handlers behind: {after}"
+
+
 @pytest.fixture(scope="module")
 def gcs_emulator(tmp_path_factory):
     """A local Cloud Storage emulator (`gcs_emulator.Emulator`) for one test module.

@@ -115,6 +115,49 @@ def test_masked_dict_env_never_takes_an_illegal_action(tmp_path):
     assert summary["episode_return_mean"] == 0.0  # an illegal action would have paid
 
 
+def test_envpool_dict_observations_with_a_mask_are_flattened_and_acted_on_legally(tmp_path):
+    """envpool's Knapsack-v1 (a Jumanji port): Dict observations with an `action_mask`.
+
+    Jumanji's Knapsack ends an episode when an item that does not fit is packed,
+    or when none fits any more. A policy that respects the mask therefore ends
+    every episode with nothing left to pack (its final mask all False); an
+    unmasked one ends most of them early.
+    """
+    from podracer.networks import make_network
+    from podracer.ppo import make_act
+
+    items, num_envs = 50, 8
+    envs = EnvPoolEnvs("Knapsack-v1", num_envs, num_envs, 1, seed=0)
+    spec = envs.spec
+    assert spec.action_mask and spec.discrete and spec.action_dim == items
+    assert spec.obs_shape == (4 * items,)  # weights, values, packed items, then the mask
+
+    def ends_with_legal_moves_left(masked):
+        network = make_network(spec.obs_shape, items, True, action_mask=masked)
+        params = network.init(jax.random.PRNGKey(0), np.zeros((1, *spec.obs_shape), np.float32))
+        act = jax.jit(make_act(network.apply, PPOConfig()))
+        envs.start()
+        step, early, ended = envs.recv(), 0, 0
+        for t in range(400):
+            keys = jax.random.split(jax.random.PRNGKey(t), num_envs)
+            action = np.asarray(act(params, None, step.obs, keys)[0])
+            envs.send(action, step.env_ids)
+            step = envs.recv()
+            done = step.terminated | step.truncated
+            ended += int(done.sum())
+            early += int((done & (step.obs[:, -items:] > 0.5).any(axis=1)).sum())
+        return early, ended
+
+    early, ended = ends_with_legal_moves_left(masked=True)
+    assert ended >= 50 and early == 0, (early, ended)
+    early, ended = ends_with_legal_moves_left(masked=False)  # the same policy without the mask
+    assert early > ended / 2, (early, ended)
+    envs.close()
+
+    summary, rows = _train(tmp_path, "Knapsack-v1", 4096, num_envs=16, rollout_len=16, log_every=4)
+    assert summary["episode_return_mean"] > 0
+
+
 def test_refusals():
     with pytest.raises(PodracerError, match="async-envs"):
         EnvPoolEnvs("gymnasium:CartPole-v1", 4, 2, 0, seed=0)

@@ -134,6 +134,48 @@ def test_navix_matches_navix_step():
     assert sum(ends.values()) >= 2
 
 
+def _countdown_env(costly_reset):
+    """A toy suite whose episodes last 1-3 steps, so many end on the same step."""
+    from podracer.anakin.suites.base import SuiteEnv, discrete_spec
+
+    def reset_fn(key):
+        left = jax.random.randint(key, (), 1, 4)
+        return left, jnp.stack([left.astype(jnp.float32), jax.random.uniform(key)])
+
+    def step_fn(key, left, action):
+        left = left - 1
+        obs = jnp.stack([left.astype(jnp.float32), jax.random.uniform(key) + action])
+        return left, obs, action.astype(jnp.float32), left == 0, jnp.array(False)
+
+    spec = discrete_spec(jnp.zeros(2), 2)
+    return SuiteEnv("toy:countdown", spec, reset_fn, step_fn, lambda o: o, 3, costly_reset=costly_reset)
+
+
+def test_costly_resets_made_only_where_episodes_end_equal_resets_drawn_ahead():
+    """`step_batch` of a costly-reset suite (Craftax's) resets in passes of a few environments;
+    here up to 16 of 16 end on a step, many passes of 2, and it equals resets drawn for every step."""
+    costly, ahead = _countdown_env(True), _countdown_env(False)
+    num_envs, steps = 16, 12
+    keys = jax.random.split(jax.random.PRNGKey(3), (steps, num_envs))
+    actions = jax.random.randint(jax.random.PRNGKey(4), (steps, num_envs), 0, 2)
+
+    def run(env):
+        state, _ = jax.vmap(env.reset)(jax.random.split(jax.random.PRNGKey(5), num_envs))
+
+        def step(state, xs):
+            step_keys, action = xs
+            return env.step_batch(jax.vmap(env.draw)(step_keys), state, action)
+
+        return jax.lax.scan(step, state, (keys, actions))
+
+    assert costly.draw(keys[0, 0]).reset_obs is None  # nothing made ahead
+    (state, ts), (state_ahead, ts_ahead) = jax.jit(run, static_argnums=0)(costly), jax.jit(run, static_argnums=0)(ahead)
+    ended = np.asarray(ts.terminated).sum(axis=1)
+    assert ended.max() > 2 and ended.sum() > steps * 2, ended  # several passes on some steps
+    for x, y in zip(jax.tree.leaves((state, ts)), jax.tree.leaves((state_ahead, ts_ahead))):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_a_missing_suite_is_one_line_naming_its_extra(monkeypatch):
     from podracer.errors import PodracerError
 

@@ -6,6 +6,11 @@ PacMan 98 (uniform over the legal moves). Each run is Anakin's PPO program on
 one CPU device, in this process (its time is mostly compilation); the returns
 are those of the episodes that ended during a call.
 
+Craftax-Classic (symbolic) pays +1 per achievement unlocked in an episode
+and +-0.1 per health point gained or lost: untrained, episodes of about 150
+steps return 1.2-1.4 (four calls at a learning rate of 0); PPO passes 3 within
+100k steps, unlocking the easy achievements (wood, sapling, drinking, ...).
+
 Jumanji's Snake is no learning test at this size: uniform over its legal moves
 a snake already eats about 5 fruit a game, and 100k steps of PPO do not eat
 faster. PacMan learns within 50k steps, and its legal-move mask carries
@@ -25,10 +30,10 @@ from podracer.ppo import PPOConfig
 from podracer.protocol import parallel
 
 
-def _returns(env_id, calls, num_envs, rollout_len=32, updates_per_call=8, lr=1e-3, **ppo):
+def _returns(env_id, calls, num_envs, rollout_len=32, updates_per_call=8, lr=1e-3, hidden=(64, 64), **ppo):
     """The mean return of the episodes that ended in each of `calls` train calls."""
     env = make_env(env_id)
-    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
+    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, hidden=hidden,
                            action_mask=env.spec.action_mask)
     ppo_config = PPOConfig(**ppo)
     config = AnakinConfig(num_envs=num_envs, rollout_len=rollout_len, updates_per_call=updates_per_call)
@@ -61,3 +66,11 @@ def test_jumanji_learns_pacman_with_masks():
     assert make_env("jumanji:PacMan-v1").spec.action_mask
     returns = _returns("jumanji:PacMan-v1", calls=4, num_envs=64)  # 65,536 steps
     assert returns[-1] > 160, returns  # untrained: 98; learned: about 190; mask misread: about 120
+
+
+def test_craftax_learns_its_first_achievements():
+    pytest.importorskip("craftax")
+    # 6 calls of 4 updates of 64 envs x 64 steps: 98,304 steps; about a minute of it compiling.
+    returns = _returns("craftax:Craftax-Classic-Symbolic-v1", calls=6, num_envs=64, rollout_len=64,
+                       updates_per_call=4, lr=3e-4, hidden=(256, 256), ent_coef=0.01)
+    assert min(returns[-2:]) > 2.2, returns  # untrained: 1.2-1.4 per episode; learned: about 3

@@ -7,6 +7,7 @@ vmaps it):
     step(key, state, action) -> (state, timestep)
     draw(key) -> draws                   # the randomness of step(key, ...), ahead
     step_with(draws, state, action)      # == step(key, state, action), bit for bit
+    step_batch(draws, state, action)     # step_with over a batch ([B, ...] everything)
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class StepDraws(NamedTuple):
 
     step_key: jax.Array  # for the transition (most classic-control envs ignore it)
     reset_obs: Any  # where an episode that ends on this step starts again; None if
-    reset_state: Any  # the environment resets inside its own `step` (then it draws there)
+    reset_state: Any  # the environment resets inside its own `step` (then it draws there),
+    reset_key: Any = None  # or if the reset is too costly to make ahead: then its key
 
 
 class EnvSpec(NamedTuple):
@@ -226,6 +228,10 @@ class GymnaxEnv:
         step_key, reset_key = jax.random.split(key)
         reset_obs, reset_state = self.env.reset_env(reset_key, self.params)
         return StepDraws(step_key, reset_obs, _strongly_typed(reset_state))
+
+    def step_batch(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        """`step_with` over a batch of environments (every leaf with a leading [B] axis)."""
+        return jax.vmap(self.step_with)(draws, state, action)
 
     def step_with(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         """One step with its randomness drawn ahead (`draw`); auto-resets."""

@@ -169,7 +169,7 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
         # The value is left out (XLA drops the critic from the loop): it is computed
         # for the whole rollout at once afterwards.
         action, log_prob, _ = act_fn(params, obs_stats, obs, action_noise)
-        env_state, ts = jax.vmap(env.step_with)(env_draws, env_state, action)
+        env_state, ts = env.step_batch(env_draws, env_state, action)
         return (env_state, ts.obs), (obs, action, log_prob, ts)
 
     def recurrent_env_step(params, obs_stats, carry, draws):
@@ -177,7 +177,7 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
         action_noise, env_draws = draws
         no_reset = jnp.zeros(obs.shape[:1], bool)  # `core` was reset where the last step ended
         action, log_prob, value, core = act_fn(params, obs_stats, obs, action_noise, core, no_reset)
-        env_state, ts = jax.vmap(env.step_with)(env_draws, env_state, action)
+        env_state, ts = env.step_batch(env_draws, env_state, action)
         done = jnp.logical_or(ts.terminated, ts.truncated)
         # The state that saw the final observation (its value bootstraps a truncation), then a fresh one.
         return (env_state, ts.obs, reset_carry(core, done)), (obs, action, log_prob, value, ts, core)

@@ -223,8 +223,8 @@ class Worker:
             if child.poll() is None:
                 child.send_signal(signum)
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, stop)
+        # Passed on to training while it runs; the process's own handlers come back after.
+        previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
         deadline = self.config.get("deadline_unix")
         timer = None
         if deadline:
@@ -257,6 +257,8 @@ class Worker:
         finally:
             if timer is not None:
                 timer.cancel()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     # The end ----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from podracer.anakin.env import EnvSpec
 from podracer.errors import PodracerError
-from podracer.sebulba.gym_envs import VectorPool, gym_spec, is_gym_id
+from podracer.sebulba.gym_envs import VectorPool, feature_keys, flatten_obs, gym_spec, is_gym_id, spec_of_spaces
 
 
 class EnvStep(NamedTuple):
@@ -94,15 +94,10 @@ def env_spec(env_id: str) -> EnvSpec:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gymnasium's float64 -> float32 bound notices
         obs_space, action_space = spec.observation_space, spec.action_space
-    discrete = hasattr(action_space, "n")
-    obs_dtype = np.float32 if obs_space.dtype == np.float64 else obs_space.dtype
-    obs_shape = (len(MASKED[env_id][1]),) if env_id in MASKED else tuple(obs_space.shape)
-    if discrete:
-        return EnvSpec(obs_shape, obs_dtype, int(action_space.n), True, None, None)
-    shape = action_space.shape
-    return EnvSpec(obs_shape, obs_dtype, int(np.prod(shape)), False,
-                   np.broadcast_to(np.asarray(action_space.low, np.float32), shape),
-                   np.broadcast_to(np.asarray(action_space.high, np.float32), shape))
+    spec = spec_of_spaces(env_id, obs_space, action_space)
+    if env_id in MASKED:
+        spec = spec._replace(obs_shape=(len(MASKED[env_id][1]),))
+    return spec
 
 
 class EnvPoolEnvs:
@@ -132,6 +127,8 @@ class EnvPoolEnvs:
                                           batch_size=batch_size, num_threads=num_threads, seed=seed,
                                           **options)
                 self._pool.observation_space  # built on first use; here, where its notices are silenced
+        # Dict observations (envpool's Jumanji ports) are flattened, their action mask last.
+        self._keys = feature_keys(self._pool.observation_space)
         self.num_envs = num_envs
         self._return = np.zeros(num_envs, np.float32)
         self._length = np.zeros(num_envs, np.int32)
@@ -160,6 +157,7 @@ class EnvPoolEnvs:
         reward = np.asarray(reward, np.float32)
         terminated = np.asarray(terminated, bool)
         truncated = np.asarray(truncated, bool)
+        obs = flatten_obs(obs, self._keys)
         if obs.dtype == np.float64:
             obs = obs.astype(np.float32)
         if self._kept is not None:

@@ -14,7 +14,8 @@ batch: `--async-envs` is envpool's alone.
 A `Dict` observation space is flattened into one float32 vector, its entries in
 the space's order; an `action_mask` entry (a legal-action mask over Discrete
 actions) goes last, where the network reads it and masks its logits, as for
-Jumanji on Anakin.
+Jumanji on Anakin. envpool's environments with Dict observations (its Jumanji
+ports: Knapsack-v1, Game2048-v1, ...) are read the same way.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _check_autoreset(envs, env_id: str) -> None:
                             f"autoreset_mode=NEXT_STEP (gymnasium's default)")
 
 
-def _feature_keys(obs_space) -> list[str] | None:
+def feature_keys(obs_space) -> list[str] | None:
     """A Dict space's entries other than the action mask, in order (None for other spaces)."""
     import gymnasium
 
@@ -96,7 +97,15 @@ def gym_spec(env_id: str) -> EnvSpec:
         _check_autoreset(envs, env_id)
     finally:
         envs.close()
-    keys = _feature_keys(obs_space)
+    return spec_of_spaces(env_id, obs_space, action_space)
+
+
+def spec_of_spaces(env_id: str, obs_space, action_space) -> EnvSpec:
+    """The spec of one environment with these Gymnasium spaces (envpool's are Gymnasium's too).
+
+    A Dict observation is `flatten_obs`'s vector, with the action mask last where there is one.
+    """
+    keys = feature_keys(obs_space)
     if keys is not None:
         masked = MASK_KEY in obs_space.spaces
         size = sum(int(np.prod(obs_space[key].shape)) for key in keys)
@@ -131,14 +140,12 @@ class VectorPool:
         self._envs = make_vector_env(env_id, num_envs)
         _check_autoreset(self._envs, env_id)
         self.observation_space = self._envs.single_observation_space
-        self._keys = _feature_keys(self.observation_space)
         self._ids = np.arange(num_envs, dtype=np.int32)
         self._seed = seed
         self._pending = None
 
     def async_reset(self) -> None:
         obs, _ = self._envs.reset(seed=self._seed)
-        obs = flatten_obs(obs, self._keys)
         self._seed = None  # later resets continue the environments' own generators
         zeros = np.zeros(len(self._ids), bool)
         self._pending = (obs, np.zeros(len(self._ids), np.float32), zeros, zeros)
@@ -146,7 +153,7 @@ class VectorPool:
     def send(self, action: np.ndarray, env_ids: np.ndarray) -> None:
         order = np.argsort(env_ids)
         obs, reward, terminated, truncated, _ = self._envs.step(np.asarray(action)[order])
-        self._pending = (flatten_obs(obs, self._keys), reward, terminated, truncated)
+        self._pending = (obs, reward, terminated, truncated)
 
     def recv(self):
         obs, reward, terminated, truncated = self._pending

@@ -15,7 +15,7 @@ own, such as brax) truncates episodes at that many steps.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,7 @@ class SuiteEnv:
 
     def __init__(self, env_id: str, spec: EnvSpec, reset_fn: Callable, step_fn: Callable,
                  obs_fn: Callable, horizon: int, time_limit: int | None = None, render_fn=None,
-                 check_vma: bool = False):
+                 check_vma: bool = False, costly_reset: bool = False):
         self.env_id = env_id
         self.spec = spec
         self.horizon = int(horizon)  # the longest an episode can be: evaluation steps this many
@@ -65,6 +65,9 @@ class SuiteEnv:
         # in the other), which it refuses. Anakin runs suites unchecked; a test proves
         # one device and eight still train alike.
         self.check_vma = check_vma
+        # Resets that cost far more than a step (Craftax generates a world) are made only
+        # where an episode ended (`step_batch`), not drawn ahead for every step.
+        self.costly_reset = costly_reset
         self._reset_fn, self._step_fn, self._obs_fn = reset_fn, step_fn, obs_fn
 
     def _action(self, action):
@@ -85,6 +88,8 @@ class SuiteEnv:
 
     def draw(self, key: jax.Array) -> StepDraws:
         step_key, reset_key = jax.random.split(key)
+        if self.costly_reset:
+            return StepDraws(step_key, None, None, reset_key)
         reset_state, reset_obs = self._initial(reset_key)
         return StepDraws(step_key, reset_obs, reset_state)
 
@@ -98,26 +103,92 @@ class SuiteEnv:
         return self.step_with(self.draw(key), state, action)
 
     def step_with(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
-        inner, raw, reward, terminated, truncated = self._step_fn(draws.step_key, state.inner,
+        moved = self._advance(draws.step_key, state, action)
+        if draws.reset_obs is None:  # a costly reset, made from its key only here
+            reset_state, reset_obs = self._initial(draws.reset_key)
+        else:
+            reset_state, reset_obs = draws.reset_state, draws.reset_obs
+        return self._finish(moved, reset_state, reset_obs)
+
+    def step_batch(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
+        """`step_with` over a batch; a costly reset is made only for the environments that ended.
+
+        Vmapped, `step_with` would make every environment's reset on every step
+        and select it where an episode ended: a Craftax world is generated that
+        way about 64 times per step at 64 environments, where one ends every few
+        steps. Here the environments that ended are gathered and reset a few at a
+        time (`_resets_per_pass`) in a loop that runs as often as needed, usually
+        never. Each reset comes from that environment's own key, so the result is
+        `step_with`'s, bit for bit.
+        """
+        if draws.reset_obs is not None:
+            return jax.vmap(self.step_with)(draws, state, action)
+        moved = jax.vmap(self._advance)(draws.step_key, state, action)
+        done = moved.terminated | moved.truncated
+        reset_state, reset_obs = self._reset_where(done, draws.reset_key, moved.inner, moved.obs)
+        return jax.vmap(self._finish)(moved, reset_state, reset_obs)
+
+    def _reset_where(self, done: jax.Array, keys: jax.Array, inner, obs):
+        """`(inner, obs)` with environment i replaced by its reset from `keys[i]` where `done[i]`."""
+        num = done.shape[0]
+        per_pass = _resets_per_pass(num)
+        # The ended environments first (in index order), then padding that is never written.
+        order = jnp.concatenate([jnp.argsort(~done, stable=True), jnp.full((per_pass,), num)])
+        ended = done.sum()
+
+        def reset_some(carry):
+            start, inner, obs = carry
+            index = jax.lax.dynamic_slice(order, (start,), (per_pass,))
+            index = jnp.where(start + jnp.arange(per_pass) < ended, index, num)  # num: dropped
+            new_inner, new_obs = jax.vmap(self._initial)(keys[jnp.minimum(index, num - 1)])
+            put = lambda old, new: old.at[index].set(new, mode="drop")
+            return start + per_pass, jax.tree.map(put, inner, new_inner), put(obs, new_obs)
+
+        _, inner, obs = jax.lax.while_loop(lambda carry: carry[0] < ended, reset_some,
+                                           (jnp.zeros((), ended.dtype), inner, obs))
+        return inner, obs
+
+    def _advance(self, step_key: jax.Array, state: EnvState, action: jax.Array) -> "_Moved":
+        """One step of the library's environment, before any reset."""
+        inner, raw, reward, terminated, truncated = self._step_fn(step_key, state.inner,
                                                                   self._action(action))
-        inner = _strongly_typed(inner)
-        obs_step = self._obs_fn(raw).astype(self.spec.obs_dtype)
         terminated = jnp.asarray(terminated, bool)
         episode_length = state.episode_length + 1
         truncated = jnp.asarray(truncated, bool)
         if self.time_limit is not None:
             truncated = truncated | (episode_length >= self.time_limit)
-        truncated = truncated & ~terminated
-        done = terminated | truncated
-        select = lambda reset, stepped: jax.lax.select(done, reset, stepped)
         reward = jnp.asarray(reward, jnp.float32)
-        episode_return = state.episode_return + reward
-        timestep = TimeStep(obs=select(draws.reset_obs, obs_step), reward=reward, terminated=terminated,
-                            truncated=truncated, final_obs=obs_step, episode_return=episode_return,
-                            episode_length=episode_length)
-        new_state = EnvState(jax.tree.map(select, draws.reset_state, inner),
-                             jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length))
+        return _Moved(_strongly_typed(inner), self._obs_fn(raw).astype(self.spec.obs_dtype), reward,
+                      terminated, truncated & ~terminated, state.episode_return + reward, episode_length)
+
+    def _finish(self, moved: "_Moved", reset_state, reset_obs) -> tuple[EnvState, TimeStep]:
+        """Where the episode ended, the environment starts again from the reset."""
+        done = moved.terminated | moved.truncated
+        select = lambda reset, stepped: jax.lax.select(done, reset, stepped)
+        timestep = TimeStep(obs=select(reset_obs, moved.obs), reward=moved.reward,
+                            terminated=moved.terminated, truncated=moved.truncated, final_obs=moved.obs,
+                            episode_return=moved.episode_return, episode_length=moved.episode_length)
+        new_state = EnvState(jax.tree.map(select, reset_state, moved.inner),
+                             jnp.where(done, 0.0, moved.episode_return),
+                             jnp.where(done, 0, moved.episode_length))
         return new_state, timestep
+
+
+class _Moved(NamedTuple):
+    """An environment after its step and before its reset."""
+
+    inner: Any
+    obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+def _resets_per_pass(num_envs: int) -> int:
+    """Resets made together in one pass of `SuiteEnv._reset_where`'s loop: an eighth of the batch."""
+    return max(1, num_envs // 8)
 
 
 def discrete_spec(obs: jax.Array, num_actions: int, masked: bool = False) -> EnvSpec:

@@ -51,4 +51,4 @@ def make(env_id: str, name: str) -> SuiteEnv:
         return np.asarray(renderer[0](state))
 
     return SuiteEnv(env_id, spec, reset_fn, step_fn, lambda o: jnp.asarray(o, spec.obs_dtype),
-                    int(params.max_timesteps), render_fn=render)
+                    int(params.max_timesteps), render_fn=render, costly_reset=True)
