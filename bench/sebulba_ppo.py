@@ -98,10 +98,17 @@ def env_ceiling(configs: dict, seconds: float) -> float:
             i += 1
         pool.close()
 
-    threads = [threading.Thread(target=step_envs, args=(i,)) for i in range(layout.num_actor_threads)]
+    return _threads_rate(step_envs, layout.num_actor_threads, counts, stop, seconds, warm_up_s=0.5)
+
+
+def _threads_rate(work, num_threads: int, counts: list, stop: threading.Event, seconds: float,
+                  warm_up_s: float) -> float:
+    """Steps/s of `num_threads` threads running `work(index)`, each adding its steps to
+    `counts[index]` until `stop`: counted over `seconds` after `warm_up_s`."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(num_threads)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # warm up
+    time.sleep(warm_up_s)
     start_count, start = sum(counts), time.perf_counter()
     time.sleep(seconds)
     steps, elapsed = sum(counts) - start_count, time.perf_counter() - start
@@ -148,17 +155,7 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
             np.asarray(packed)
             counts[index] += layout.env_batch
 
-    threads = [threading.Thread(target=act, args=(i,)) for i in range(layout.num_actor_threads)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)  # compile and warm up
-    start_count, start = sum(counts), time.perf_counter()
-    time.sleep(seconds)
-    steps, elapsed = sum(counts) - start_count, time.perf_counter() - start
-    stop.set()
-    for thread in threads:
-        thread.join()
-    return steps / elapsed
+    return _threads_rate(act, layout.num_actor_threads, counts, stop, seconds, warm_up_s=1.0)  # compile, warm up
 
 
 def serial_bound(*ceilings: float) -> float:

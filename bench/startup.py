@@ -35,7 +35,7 @@ import common  # noqa: F401  (puts the repository on sys.path)
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
-TARGETS = {"cold": 8.0, "warm": 5.0}  # seconds of process wall on a 2-core CPU (issue 24)
+TARGETS = {"cold": 8.0, "warm": 5.0}  # our goals, seconds of process wall on a 2-core CPU
 
 
 def _timed_process(args: list[str], env: dict[str, str]) -> tuple[float, float]:

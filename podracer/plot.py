@@ -24,19 +24,13 @@ import numpy as np
 
 from podracer.errors import PodracerError
 from podracer.session import storage
+from podracer.session.logger import read_rows
 
 
 def _rows(run_dir: str) -> list[dict[str, Any]]:
-    path = storage.join(run_dir, "metrics.jsonl")
-    if not storage.exists(path):
+    if not storage.exists(storage.join(run_dir, "metrics.jsonl")):
         raise PodracerError(f"{run_dir} has no metrics.jsonl; pass the --run-dir of a run")
-    rows = []
-    for line in storage.read_text(path).splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a line cut short by a kill
-            continue
-    return rows
+    return read_rows(run_dir)
 
 
 def _summary(run_dir: str) -> dict[str, Any]:

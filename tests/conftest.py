@@ -28,40 +28,6 @@ PYTHON = sys.executable
 GCS_BUCKET = "podracer-runs"
 
 
-def _handlers():
-    import signal
-
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _named(handlers) -> str:
-    return ", ".join(f"{sig.name}: {getattr(h, '__module__', '')}.{getattr(h, '__qualname__', h)}"
-                     for sig, h in handlers.items())
-
-
-_BASELINE = _handlers()
-
-
-@pytest.fixture(autouse=True)
-def signal_handlers_are_restored(request):
-    """Every test, and every fixture before it, leaves SIGINT and SIGTERM as the process had them.
-
-    A run started from Python (a notebook, a test) must give the process its
-    own Ctrl-C back: a handler left behind would swallow the next one.
-    """
-    import signal
-
-    found = _handlers()
-    for sig, handler in _BASELINE.items():
-        signal.signal(sig, handler)
-    assert found == _BASELINE, f"before {request.node.nodeid}, a fixture or an earlier test left {_named(found)}"
-    yield
-    after = _handlers()
-    for sig, handler in _BASELINE.items():
-        signal.signal(sig, handler)  # the next test starts clean whatever happened here
-    assert after == _BASELINE, f"{request.node.nodeid} left signal handlers behind: {_named(after)}"
-
-
 @pytest.fixture(scope="module")
 def gcs_emulator(tmp_path_factory):
     """A local Cloud Storage emulator (`gcs_emulator.Emulator`) for one test module.

@@ -3,6 +3,7 @@ scripted Cloud TPU API on 127.0.0.1 (tests/tpu_server.py)."""
 
 import _thread
 import json
+import signal
 import time
 
 import pytest
@@ -287,7 +288,16 @@ def test_slice_not_ready_in_time_is_deleted(cli, service):
     assert service.nodes == {}
 
 
-def test_ctrl_c_during_the_run_deletes_the_slice(cli, service):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as in a terminal. A process started in the background
+    by a non-interactive shell ignores SIGINT, and Python then leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_the_run_deletes_the_slice(cli, service, ctrl_c_raises):
     service.worker_states = [["running"] * 4]
     interrupted = []
 
@@ -305,7 +315,7 @@ def test_ctrl_c_during_the_run_deletes_the_slice(cli, service):
     assert service.nodes == {}
 
 
-def test_ctrl_c_while_the_create_is_in_flight_still_deletes_the_slice(cli, service):
+def test_ctrl_c_while_the_create_is_in_flight_still_deletes_the_slice(cli, service, ctrl_c_raises):
     service.on_call("CreateNode", _thread.interrupt_main, after_effect=True)
 
     status, out, err = cli(*TRAINING)

@@ -35,6 +35,18 @@ clock = time.perf_counter
 TERMINAL_INTERVAL_S = 0.1
 
 METRICS = "metrics.jsonl"
+
+
+def read_rows(run_dir: str) -> list[dict[str, Any]]:
+    """The rows of a run directory's `metrics.jsonl` (local or gs://), a line cut short by a kill left out."""
+    rows = []
+    path = storage.join(run_dir, METRICS)
+    for line in storage.read_text(path).splitlines() if storage.exists(path) else ():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
 TENSORBOARD = "tensorboard"
 SUMMARY = "summary.json"
 # A gs:// run directory gets the growing files at most this often between

@@ -130,19 +130,12 @@ class RunSession:
 
     def population_log(self, members: list, score_key: str = "episode_return_mean"):
         """The host side of a population (`podracer.session.population`), its scores restored on a resume."""
-        import json
-
+        from podracer.session.logger import read_rows
         from podracer.session.population import PopulationLog
 
         log = PopulationLog(members, score_key)
-        path = storage.join(self.run.run_dir, "metrics.jsonl")
-        if self.resuming and self.main_process and storage.exists(path):
-            rows = []
-            for line in storage.read_text(path).splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:  # a line cut short by a kill
-                    continue
+        if self.resuming and self.main_process:
+            rows = read_rows(self.run.run_dir)
             log.restore([r for r in rows if r.get("env_steps", 0) <= (self.resumed_from or 0)])
         return log
 
