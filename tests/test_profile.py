@@ -273,17 +273,24 @@ def test_anakin_profile_mode_times_the_phases_of_the_same_computation(tmp_path):
     assert "profile" not in fused
 
 
-def test_anakin_es_profile_mode_times_evaluate_and_tell(tmp_path):
+def _es_fused_and_profiled(tmp_path, flags):
+    """The same Anakin ES run fused and in profile mode on 2 devices: their summaries, the
+    mean parameters checked equal."""
     from podracer.anakin.train_es import train_es
 
-    flags = ("--algo=es", "--population=16", "--horizon=50", "--generations-per-call=3",
-             "--total-steps=4800", "--eval-episodes=2")
     devices = jax.devices()[:2]
     fused, fused_runner = train_es(_configs(tmp_path, "fused", *flags), devices)
     profiled, profiled_runner = train_es(_configs(tmp_path, "profiled", *flags, "--profile",
                                                   "--profile-trace-s=0"), devices)
     np.testing.assert_allclose(np.asarray(profiled_runner.strategy.mean),
                                np.asarray(fused_runner.strategy.mean), rtol=1e-6, atol=1e-6)
+    return fused, profiled
+
+
+def test_anakin_es_profile_mode_times_evaluate_and_tell(tmp_path):
+    fused, profiled = _es_fused_and_profiled(tmp_path, (
+        "--algo=es", "--population=16", "--horizon=50", "--generations-per-call=3",
+        "--total-steps=4800", "--eval-episodes=2"))
     assert profiled["mean_params_return"] == pytest.approx(fused["mean_params_return"])
     main = _rows(profiled["profile"], "main")
     assert main["evaluate"]["calls"] == main["tell"]["calls"] == profiled["generations"] == 6
@@ -291,18 +298,11 @@ def test_anakin_es_profile_mode_times_evaluate_and_tell(tmp_path):
 
 
 def test_anakin_es_population_profile_mode_times_evaluate_and_tell_of_every_agent(tmp_path):
-    from podracer.anakin.train_es import train_es
-
-    flags = ("--algo=es", "--population=8", "--horizon=30", "--generations-per-call=2",
-             "--total-steps=960", "--eval-episodes=2", "--hidden", "8", "--num-seeds=2",
-             "--sweep", "sigma=0.05,0.1")
-    devices = jax.devices()[:2]
-    fused, fused_runner = train_es(_configs(tmp_path, "fused", *flags), devices)
-    profiled, profiled_runner = train_es(_configs(tmp_path, "profiled", *flags, "--profile",
-                                                  "--profile-trace-s=0"), devices)
     # Every agent's mean, and every agent's logged figures, as the fused population step's.
-    np.testing.assert_allclose(np.asarray(profiled_runner.strategy.mean),
-                               np.asarray(fused_runner.strategy.mean), rtol=1e-6, atol=1e-6)
+    fused, profiled = _es_fused_and_profiled(tmp_path, (
+        "--algo=es", "--population=8", "--horizon=30", "--generations-per-call=2",
+        "--total-steps=960", "--eval-episodes=2", "--hidden", "8", "--num-seeds=2",
+        "--sweep", "sigma=0.05,0.1"))
     assert [a["mean_params_return"] for a in profiled["agents"]] == pytest.approx(
         [a["mean_params_return"] for a in fused["agents"]])
     rows = {name: [json.loads(line)["agents"] for line in (tmp_path / name / "metrics.jsonl").open()]
