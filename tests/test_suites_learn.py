@@ -8,8 +8,10 @@ are those of the episodes that ended during a call.
 
 Craftax-Classic (symbolic) pays +1 per achievement unlocked in an episode
 and +-0.1 per health point gained or lost: untrained, episodes of about 150
-steps return 1.2-1.4 (four calls at a learning rate of 0); PPO passes 3 within
-100k steps, unlocking the easy achievements (wood, sapling, drinking, ...).
+steps return 1.2-1.4 (four calls at a learning rate of 0). A policy that sees
+nothing learns to about 3 too (the same run with every observation zeroed:
+2.8-3.2 from 100k steps on, 2.94 over its last four calls), so the test runs
+on until seeing pays: 3.69 over the last four calls of 328k steps.
 
 Jumanji's Snake is no learning test at this size: uniform over its legal moves
 a snake already eats about 5 fruit a game, and 100k steps of PPO do not eat
@@ -68,9 +70,11 @@ def test_jumanji_learns_pacman_with_masks():
     assert returns[-1] > 160, returns  # untrained: 98; learned: about 190; mask misread: about 120
 
 
-def test_craftax_learns_its_first_achievements():
+def test_craftax_learns_what_a_blind_policy_cannot():
     pytest.importorskip("craftax")
-    # 6 calls of 4 updates of 64 envs x 64 steps: 98,304 steps; about a minute of it compiling.
-    returns = _returns("craftax:Craftax-Classic-Symbolic-v1", calls=6, num_envs=64, rollout_len=64,
+    # 20 calls of 4 updates of 64 envs x 64 steps: 327,680 steps; about 2 minutes on a quiet
+    # 2-core CPU, one of them compiling.
+    returns = _returns("craftax:Craftax-Classic-Symbolic-v1", calls=20, num_envs=64, rollout_len=64,
                        updates_per_call=4, lr=3e-4, hidden=(256, 256), ent_coef=0.01)
-    assert min(returns[-2:]) > 2.2, returns  # untrained: 1.2-1.4 per episode; learned: about 3
+    # Untrained: 1.2-1.4 per episode; blind (observations zeroed): 2.94; seeing: 3.69.
+    assert np.mean(returns[-4:]) > 3.3, returns
