@@ -34,7 +34,9 @@ def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> 
                 action, memory = act(obs, act_key, memory)
             else:
                 action = act(obs, act_key)
-            state, ts = jax.vmap(env.step)(jax.random.split(env_key, episodes), state, action)
+            # As Anakin's rollout steps a batch (a costly reset, Craftax's, only where an episode ended).
+            draws = jax.vmap(env.draw)(jax.random.split(env_key, episodes))
+            state, ts = env.step_batch(draws, state, action)
             total = total + jnp.where(alive, ts.reward, 0.0)
             alive = alive & ~(ts.terminated | ts.truncated)
             return (state, ts.obs, total, alive, memory), None

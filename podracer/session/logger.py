@@ -35,6 +35,11 @@ clock = time.perf_counter
 TERMINAL_INTERVAL_S = 0.1
 
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+SUMMARY = "summary.json"
+# A gs:// run directory gets the growing files at most this often between
+# checkpoints: each copy is a whole-object upload, made on the logging thread.
+SYNC_INTERVAL_S = 10.0
 
 
 def read_rows(run_dir: str) -> list[dict[str, Any]]:
@@ -47,11 +52,6 @@ def read_rows(run_dir: str) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return rows
-TENSORBOARD = "tensorboard"
-SUMMARY = "summary.json"
-# A gs:// run directory gets the growing files at most this often between
-# checkpoints: each copy is a whole-object upload, made on the logging thread.
-SYNC_INTERVAL_S = 10.0
 
 
 def _jsonable(value: Any) -> Any:
