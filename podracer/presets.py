@@ -43,11 +43,8 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("anakin", "impala", "CartPole-v1"): {"num_envs": 32, "rollout_len": 32, "lr": 1e-3, "minibatches": 4,
                                           "epochs": 2},
     # Mean return 500 within about 350k steps, about 10 s of training on a 2-core CPU.
-    # Rollouts of 16 steps (twice the updates of 32) hold it there: over 6 seeds of
-    # 500k steps, 5 reached 500 and the last intervals read 378-500, where 32-step
-    # rollouts peaked at 238-477 and oscillated.
     ("sebulba", "impala", "CartPole-v1"): {
-        "num_envs": 120, "rollout_len": 16, "lr": 1e-3, "minibatches": 8, "epochs": 1,
+        "num_envs": 120, "rollout_len": 32, "lr": 1e-3, "minibatches": 8, "epochs": 1,
         "total_steps": 2_000_000, "log_every": 4},
     ("sebulba", "impala", "Pong-v5"): {
         **{k: v for k, v in _ATARI.items() if k not in ("clip_eps", "epochs", "minibatches", "unroll_minibatches")},

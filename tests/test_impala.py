@@ -23,9 +23,9 @@ def test_sebulba_impala_solves_cartpole_with_policy_lag(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["policy_lag_mean"] > 0.5  # the learner saw lagged experience
     assert rows[0]["episode_return_mean"] < 100
-    # Solved (random play scores about 22), and held: over 6 seeds on a quiet machine the
-    # best intervals read 461-500 and the last 378-500; a busy machine, where the actors lag
-    # further behind, gets a margin at both.
+    # Solved (random play scores about 22). The preset oscillates once it has solved
+    # (final intervals seen from 222 to 500 on a busy machine), so the end is held to
+    # far above random, the best interval to solved.
     best = max(row["episode_return_mean"] for row in rows if row.get("episode_return_mean") is not None)
     assert best >= 400 and summary["episode_return_mean"] >= 150, (best, summary["episode_return_mean"])
     # The actors' policies did differ from the learner's: V-trace cut some weights.
