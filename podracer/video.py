@@ -96,7 +96,7 @@ def anakin_video(act: Callable, env_id: str, episodes: int, seed: int, path: str
     frame_of = anakin_renderer(env_id, env)
     reset, step = jax.jit(env.reset), jax.jit(env.step)
     act = jax.jit(act)
-    stepped_inner = jax.jit(lambda k, s, a: _stepped_inner(env, k, s, a))
+    stepped_inner = jax.jit(env.stepped_inner)
     key = jax.random.PRNGKey(seed)
     frames, lengths, returns = [], [], []
     for episode in range(episodes):
@@ -122,14 +122,6 @@ def anakin_video(act: Callable, env_id: str, episodes: int, seed: int, path: str
         returns.append(total)
     write(path, frames)
     return {"video": path, "frames": len(frames), "episode_lengths": lengths, "episode_returns": returns}
-
-
-def _stepped_inner(env, key, state, action):
-    """The inner state `env.step(key, state, action)` reached before its auto-reset selected a new one."""
-    draws = env.draw(key)
-    if hasattr(env, "_step_fn"):  # a suite adapter
-        return env._step_fn(draws.step_key, state.inner, env._action(action))[0]
-    return env.env.step_env(draws.step_key, state.inner, env._env_action(action), env.params)[1]
 
 
 def envpool_video(act: Callable, env_id: str, episodes: int, seed: int, path: str) -> dict:

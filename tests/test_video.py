@@ -5,6 +5,7 @@ import subprocess
 
 import imageio.v2 as imageio
 import jax
+import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON
@@ -13,6 +14,7 @@ from podracer.anakin.train import train_ppo
 from podracer.orchestrate.cli import main, parse_configs
 from podracer.errors import PodracerError
 from podracer.video import anakin_renderer
+from test_suites import _countdown_env
 
 
 def test_eval_video_has_a_frame_per_state(tmp_path, capsys):
@@ -36,3 +38,30 @@ def test_refusals(tmp_path):
     proc = subprocess.run([PYTHON, LAUNCHER, "eval", f"--run-dir={tmp_path}", "--video=out.avi"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and ".mp4" in proc.stderr
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "toy:countdown"])
+def test_stepped_inner_is_the_state_an_episode_ended_in(env_id):
+    """A video's last frame of an episode is drawn from `stepped_inner`: the state `step`
+    reached before its auto-reset replaced it (gymnax and suite adapters alike)."""
+    env = make_env(env_id) if env_id == "CartPole-v1" else _countdown_env(False)
+    obs_of = (lambda inner: env.env.get_obs(inner)) if env_id == "CartPole-v1" else None
+    step, stepped_inner = jax.jit(env.step), jax.jit(env.stepped_inner)
+    state, _ = env.reset(jax.random.PRNGKey(0))
+    ends = 0
+    for t in range(300):
+        key = jax.random.PRNGKey(t + 1)
+        inner = stepped_inner(key, state, 1)  # CartPole: always right, so episodes end soon
+        state, ts = step(key, state, 1)
+        if bool(ts.terminated | ts.truncated):
+            ends += 1
+            # Not the reset state the step returned, but the one its final observation shows.
+            assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(inner), jax.tree.leaves(state.inner)))
+            if obs_of is not None:
+                np.testing.assert_allclose(obs_of(inner), ts.final_obs, rtol=1e-6)
+            else:
+                assert int(inner) == 0 and float(ts.final_obs[0]) == 0.0  # the countdown reached 0
+        else:
+            for a, b in zip(jax.tree.leaves(inner), jax.tree.leaves(state.inner)):
+                np.testing.assert_array_equal(a, b)
+    assert ends >= 5

@@ -229,6 +229,11 @@ class GymnaxEnv:
         reset_obs, reset_state = self.env.reset_env(reset_key, self.params)
         return StepDraws(step_key, reset_obs, _strongly_typed(reset_state))
 
+    def stepped_inner(self, key: jax.Array, state: EnvState, action: jax.Array):
+        """The library state `step(key, state, action)` reaches before its auto-reset
+        (the state that ended an episode, which `step` replaces; a video shows it)."""
+        return self.env.step_env(self.draw(key).step_key, state.inner, self._env_action(action), self.params)[1]
+
     def step_batch(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         """`step_with` over a batch of environments (every leaf with a leading [B] axis)."""
         return jax.vmap(self.step_with)(draws, state, action)

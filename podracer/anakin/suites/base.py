@@ -110,6 +110,10 @@ class SuiteEnv:
             reset_state, reset_obs = draws.reset_state, draws.reset_obs
         return self._finish(moved, reset_state, reset_obs)
 
+    def stepped_inner(self, key: jax.Array, state: EnvState, action: jax.Array):
+        """The library state `step(key, state, action)` reaches before its auto-reset."""
+        return self._step_fn(self.draw(key).step_key, state.inner, self._action(action))[0]
+
     def step_batch(self, draws: StepDraws, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
         """`step_with` over a batch; a costly reset is made only for the environments that ended.
 
