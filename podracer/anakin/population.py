@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 import flax.linen as nn
@@ -25,7 +26,14 @@ from podracer.anakin.env import GymnaxEnv
 from podracer.anakin.es import ESPhases, ESRunner, _make_step, make_anakin_es_phases
 from podracer.anakin.loop import AnakinConfig, Experience, RunnerState
 from podracer.normalize import RunningStats
+from podracer import population
 from podracer.protocol import parallel
+
+
+def agent_inputs(members: list[population.Agent]) -> tuple[jax.Array, dict]:
+    """What a population's `init` takes: each agent's key (from its seed) and swept settings, stacked [A]."""
+    keys = jnp.stack([jax.random.PRNGKey(m.seed) for m in members])
+    return keys, {k: jnp.asarray(v) for k, v in population.hyperparameters(members).items()}
 
 
 class PopulationRunner(NamedTuple):

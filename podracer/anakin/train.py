@@ -12,14 +12,13 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
-from podracer.anakin.population import make_anakin_population, make_anakin_population_phases
+from podracer.anakin.population import agent_inputs, make_anakin_population, make_anakin_population_phases
 from podracer.actor_critic import actor_critic
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
@@ -91,8 +90,7 @@ def _build_population(configs, env, network, layout, mesh, members, sharded, cal
                            algo.make_update, agents_sharded)
 
     init, train = make_anakin_population(steps_for, configs["anakin"], mesh, sharded)
-    keys = jnp.stack([jax.random.PRNGKey(m.seed) for m in members])
-    hparams = {k: jnp.asarray(v) for k, v in population.hyperparameters(members).items()}
+    keys, hparams = agent_inputs(members)
     phases = make_anakin_population_phases(steps_for, mesh, sharded) if profile else None
     return Program(env, network, layout, calls, lambda _key: init(keys, hparams), train, phases)
 

@@ -11,14 +11,13 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from podracer.anakin.calls import Calls, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer import population
 from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
-from podracer.anakin.population import make_anakin_es_population, make_anakin_es_population_phases
+from podracer.anakin.population import agent_inputs, make_anakin_es_population, make_anakin_es_population_phases
 from podracer.data.record import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.es.metrics import ES_FIX, es_row
@@ -42,8 +41,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
         members = population.agents(configs)
         config_for = lambda hparams: population.configs_for(configs, hparams)["es"]
         init, step = make_anakin_es_population(env, policy, config_for, mesh)
-        keys = jnp.stack([jax.random.PRNGKey(m.seed) for m in members])
-        hparams = {k: jnp.asarray(v) for k, v in population.hyperparameters(members).items()}
+        keys, hparams = agent_inputs(members)
         phases = make_anakin_es_population_phases(env, policy, config_for, mesh) if profile else None
         return Program(env, policy, layout, Calls(0, num_calls, steps_per_call),
                        lambda _key: init(keys, hparams), step, phases)
