@@ -10,6 +10,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# XLA:CPU's concurrency-optimized scheduler (jaxlib 0.10.2) can leave a program
+# waiting forever with every thread idle: the single-file PPO's vmap of 2 or 16
+# seeds hung in most runs on an AVX-512 x86-64 here and always finished without
+# it. Every bench turns it off, for podracer and its peers alike, before JAX starts.
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_enable_concurrency_optimized_scheduler=false"]).strip()
+
 
 def timed(fn, *args):
     """(result, seconds) with every output ready."""
