@@ -171,7 +171,10 @@ def _launch(*args, timeout=300):
                           env=dict(os.environ))
 
 
-SEBULBA = ["--arch=sebulba", "--env=CartPole-NoVel-v1", "--total-steps=100000", "--num-envs=16",
+# 200k steps: at 100k the LSTM's return depended on the seed and the machine's
+# floating point (52-334 over seeds 0-3 on one machine, 143-223 on another);
+# at 200k seeds 0 and 1 read 500 and 221, the MLP 37.
+SEBULBA = ["--arch=sebulba", "--env=CartPole-NoVel-v1", "--total-steps=200000", "--num-envs=16",
            "--rollout-len=32", "--minibatches=2", "--lr=3e-3", "--synchronous", "--checkpoint-every=0"]
 
 
@@ -188,7 +191,7 @@ def sebulba_runs(tmp_path_factory):
 
 def test_sebulba_lstm_balances_cartpole_without_velocities(sebulba_runs):
     # Without its velocities CartPole is partially observed: a feed-forward policy
-    # sees positions only and stays near 50 at this budget; the LSTM infers them.
+    # sees positions only and stays under 80 at this budget; the LSTM infers them.
     _, summaries = sebulba_runs
     lstm, mlp = summaries["lstm"]["episode_return_mean"], summaries["mlp"]["episode_return_mean"]
     assert lstm >= 100 and mlp < 80 and lstm > 1.5 * mlp, (lstm, mlp)

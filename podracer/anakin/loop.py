@@ -295,7 +295,7 @@ def make_anakin(
                                          check_vma=check), compiler_options=parallel.run_once_options(mesh))
     train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(_RUNNER_SPECS,),
                                           out_specs=(_RUNNER_SPECS, P()), check_vma=check),
-                            donate_argnums=0)
+                            donate_argnums=0, compiler_options=parallel.actor_critic_options(mesh))
     return init_sharded, train_sharded
 
 
@@ -318,7 +318,9 @@ def make_anakin_phases(
     _, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh, make_update)
     check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
     act_sharded = jax.jit(jax.shard_map(act, mesh=mesh, in_specs=(_RUNNER_SPECS,),
-                                        out_specs=(_RUNNER_SPECS, _EXPERIENCE_SPECS), check_vma=check))
+                                        out_specs=(_RUNNER_SPECS, _EXPERIENCE_SPECS), check_vma=check),
+                          compiler_options=parallel.actor_critic_options(mesh))
     learn_sharded = jax.jit(jax.shard_map(learn, mesh=mesh, in_specs=(P(), _EXPERIENCE_SPECS),
-                                          out_specs=(P(), P()), check_vma=check))
+                                          out_specs=(P(), P()), check_vma=check),
+                            compiler_options=parallel.actor_critic_options(mesh))
     return act_sharded, learn_sharded

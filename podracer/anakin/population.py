@@ -103,7 +103,7 @@ def make_anakin_population(steps_for: StepsFor, config: AnakinConfig, mesh: Mesh
                            compiler_options=parallel.run_once_options(mesh))
     train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(runner_specs,),
                                           out_specs=(runner_specs, metric_specs), check_vma=check),
-                            donate_argnums=0)
+                            donate_argnums=0, compiler_options=parallel.actor_critic_options(mesh))
     return init_sharded, train_sharded
 
 
@@ -134,9 +134,11 @@ def make_anakin_population_phases(steps_for: StepsFor, mesh: Mesh, sharded: bool
 
     carried = (experience_specs, runner_specs.hparams)
     act_sharded = jax.jit(jax.shard_map(act, mesh=mesh, in_specs=(runner_specs,),
-                                        out_specs=(runner_specs, carried), check_vma=check))
+                                        out_specs=(runner_specs, carried), check_vma=check),
+                          compiler_options=parallel.actor_critic_options(mesh))
     learn_sharded = jax.jit(jax.shard_map(learn, mesh=mesh, in_specs=(runner_specs.train, carried),
-                                          out_specs=(runner_specs.train, metric_specs), check_vma=check))
+                                          out_specs=(runner_specs.train, metric_specs), check_vma=check),
+                            compiler_options=parallel.actor_critic_options(mesh))
     return act_sharded, learn_sharded
 
 
