@@ -77,7 +77,7 @@ class RunConfig:
     run_dir: str = ""
     """Where the run's outputs go (metrics.jsonl, summary.json, tensorboard/, checkpoints/). Default: a new directory runs/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS, and runs/latest links to the newest. A directory that holds a checkpoint RESUMES from it: run the same command with the same --run-dir after a preemption, a crash or Ctrl-C (--total-steps may grow; other settings must match). A finished run's directory is reported and left unchanged. May be gs://BUCKET/PATH (pip install 'podracer-rl[gcs]'; name it yourself, runs/latest is local only)."""
     cpu_devices: int = bounded(0, NON_NEGATIVE)
-    """On a CPU-only machine, split the CPU into this many JAX devices (0: JAX's default)."""
+    """On a CPU-only machine, split the CPU into this many JAX devices. 0: one per core for an Anakin population (--num-seeds, --sweep) or Anakin ES, as many as split its agents or ES pairs evenly (its shares then run side by side); otherwise JAX's default, one."""
     compile_cache: str = ""
     """Where JAX keeps compiled programs, so that a run repeating a program reads it back instead of compiling it: a directory, gs://BUCKET/PATH, or off. Default: $PODRACER_COMPILE_CACHE (a directory or off), else $JAX_COMPILATION_CACHE_DIR, else compile_cache/ beside a gs:// --run-dir, else $XDG_CACHE_HOME/podracer/jax (~/.cache/podracer/jax)."""
 

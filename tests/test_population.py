@@ -145,6 +145,41 @@ def test_bad_population_input_is_one_line_exit_2(args, expected, capsys):
     assert expected in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("argv, cores, expected", [
+    ([], 8, 1),  # one agent: its environments stay together (split, it would average gradients every minibatch)
+    (["--num-seeds=16"], 2, 2),
+    (["--num-seeds=16"], 1, 1),
+    (["--num-seeds=3"], 2, 1),  # 3 agents do not split over 2 devices: one device holds all
+    (["--num-seeds=4", "--sweep", "lr=1e-3,3e-3,1e-2"], 8, 6),  # 12 agents: the largest split within 8 cores
+    (["--algo=impala", "--num-seeds=2"], 4, 2),
+    (["--algo=es"], 2, 2),  # 64 members: 32 antithetic pairs
+    (["--algo=es", "--population=6"], 2, 1),  # 3 pairs
+    (["--algo=es", "--population=24"], 8, 6),  # 12 pairs: 6 devices of 2 pairs
+    (["--arch=sebulba", "--num-envs=8"], 8, 1),
+])
+def test_default_cpu_devices_split_populations_and_es_one_per_core(argv, cores, expected):
+    assert cli.default_cpu_devices(parse(argv).configs, cores) == expected
+
+
+def test_a_population_runs_on_one_cpu_device_per_core_by_default(tmp_path):
+    """Without --cpu-devices, the launcher splits a 2-agent population over two CPU devices, and
+    says so; a device count chosen through XLA_FLAGS is kept."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPU cores")
+    argv = [*SMALL, "--num-seeds=2"]
+    result = _launch(*argv, f"--run-dir={tmp_path / 'split'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = result.stdout.splitlines()[0]
+    assert "2 cpu devices (one per core" in first and "--cpu-devices=1 keeps one" in first, first
+    assert json.loads((tmp_path / "split" / "summary.json").read_text())["devices"] == 2
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    result = subprocess.run([PYTHON, LAUNCHER, *argv, f"--run-dir={tmp_path / 'kept'}"], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 cpu device;" in result.stdout.splitlines()[0]
+    assert json.loads((tmp_path / "kept" / "summary.json").read_text())["devices"] == 1
+
+
 def _launch(*args, cwd, timeout=300):
     return subprocess.run([PYTHON, LAUNCHER, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd)

@@ -15,6 +15,7 @@ import time
 from typing import Any, Sequence
 
 from podracer import config as run_config
+from podracer import population
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
 from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
@@ -41,7 +42,9 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     # contract; everything a user must see is reported by podracer itself.
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     trainer = _trainer(run_cfg.arch, run_cfg.algo)
-    process_wide_jax_settings(run_cfg)
+    one_process = not configs["distributed"].coordinator and configs["distributed"].distributed == "off"
+    split = process_wide_jax_settings(run_cfg, default_cpu_devices(configs, len(os.sched_getaffinity(0)))
+                                      if one_process else 1)
     from podracer.orchestrate import distributed as orchestrate
 
     orchestrate.initialize(configs["distributed"])
@@ -65,7 +68,7 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
         prepare_run_dir(run_dir)
         previous_latest = link_latest(run_dir)
     if main_process:
-        print(first_line(parsed, state), flush=True)
+        print(first_line(parsed, state, split), flush=True)
         print("compiling the training program (the first progress line follows it)", flush=True)
     try:
         summary, _ = trainer(configs)
@@ -76,8 +79,11 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     return summary
 
 
-def first_line(parsed: Parsed, state: RunDirState) -> str:
-    """What will run: the pair, the devices, the run directory, fresh or resumed, non-defaults."""
+def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
+    """What will run: the pair, the devices, the run directory, fresh or resumed, non-defaults.
+
+    `cpu_split`: the CPU devices `default_cpu_devices` gave the run (0: none), said with why.
+    """
     import jax
 
     run_cfg = parsed.configs["run"]
@@ -87,17 +93,52 @@ def first_line(parsed: Parsed, state: RunDirState) -> str:
              else f"new run in {run_cfg.run_dir}")
     changed = parsed.differences()
     settings = f"; not defaults: {' '.join(changed)}" if changed else "; default settings"
+    why = (f" (one per core, each running its share of the {_split_units(parsed.configs)}; "
+           f"--cpu-devices=1 keeps one)" if cpu_split > 1 and devices[0].platform == "cpu" else "")
     return (f"podracer {run_cfg.arch} {run_cfg.algo} on {run_cfg.env}, {len(devices)} "
-            f"{devices[0].platform} device{'s' if len(devices) > 1 else ''}{processes}; "
+            f"{devices[0].platform} device{'s' if len(devices) > 1 else ''}{why}{processes}; "
             f"{where}{settings}")
 
 
-def process_wide_jax_settings(run_cfg: run_config.RunConfig) -> None:
+def default_cpu_devices(configs: dict[str, Any], cores: int) -> int:
+    """CPU devices for a one-process run without `--cpu-devices`, on a machine with `cores` CPUs.
+
+    One per core, up to the largest count that splits the run into independent
+    shares: a population's agents (Anakin PPO or IMPALA), or an ES generation's
+    antithetic pairs (Anakin ES); 1 otherwise. XLA:CPU runs a program's many
+    small kernels mostly one at a time, so on two cores one device training 16
+    CartPole agents in a vmap kept about one core busy (229k aggregate steps/s);
+    as two devices of 8 agents, the two halves run side by side with no
+    collective between them (447k). One agent's environments stay on one
+    device: split, its gradients are averaged every minibatch, which took 3x
+    as long on two CPU devices. Only the CPU backend is split; an accelerator's
+    devices are what they are.
+    """
+    run = configs["run"]
+    if run.arch != "anakin":
+        return 1
+    if run.algo == "es":
+        units = configs["es"].population // 2
+    elif population.is_population(configs):
+        units = len(population.agents(configs))
+    else:
+        return 1
+    return max(n for n in range(1, max(cores, 1) + 1) if units % n == 0)
+
+
+def _split_units(configs: dict[str, Any]) -> str:
+    return "generation's member pairs" if configs["run"].algo == "es" else "population's agents"
+
+
+def process_wide_jax_settings(run_cfg: run_config.RunConfig, cpu_devices_by_default: int = 1) -> int:
     """JAX settings for the whole process, made here and only here, before its backend starts.
 
     `--compile-cache` (or its default) points JAX's persistent compilation
     cache at a directory (`podracer.orchestrate.compile_cache`). `--cpu-devices`
-    splits the CPU into that many devices. Sebulba executes CPU computations on
+    splits the CPU into that many devices; without it, into
+    `cpu_devices_by_default` (`default_cpu_devices`) where nothing else chose a
+    count first (`jax_num_cpu_devices`, XLA_FLAGS' host device count, a backend
+    already started). Returns the count set by default (0: none). Sebulba executes CPU computations on
     the thread that calls them (`jax_cpu_enable_async_dispatch` off): every
     Sebulba thread waits for its own computation at once (an actor needs its
     actions, the learner its metrics), so handing each small policy call to
@@ -110,10 +151,20 @@ def process_wide_jax_settings(run_cfg: run_config.RunConfig) -> None:
 
     path, origin = compile_cache.resolve(run_cfg.compile_cache, run_cfg.run_dir, os.environ)
     compile_cache.configure(compile_cache.prepare(path, origin))
-    if run_cfg.cpu_devices:
-        jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)
     if run_cfg.arch == "sebulba":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
+    if run_cfg.cpu_devices:
+        jax.config.update("jax_num_cpu_devices", run_cfg.cpu_devices)
+        return 0
+    chosen_elsewhere = (jax.config.jax_num_cpu_devices != -1
+                        or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""))
+    if cpu_devices_by_default <= 1 or chosen_elsewhere:
+        return 0
+    try:
+        jax.config.update("jax_num_cpu_devices", cpu_devices_by_default)
+    except RuntimeError:  # JAX's backend is running already (a notebook, a test process): keep its devices
+        return 0
+    return cpu_devices_by_default
 
 
 def _agreed_run_dir(run_cfg: run_config.RunConfig, named_here: bool) -> run_config.RunConfig:
