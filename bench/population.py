@@ -76,8 +76,7 @@ def ours(num_seeds: int, devices, calls: int = CALLS, extra=()) -> dict:
     for _ in range(calls):
         runner, metrics = step(runner)
         m = jax.device_get(metrics)
-        returns = m["episode_return_sum"].reshape(num_seeds, -1).sum(1) / np.maximum(
-            1, m["episodes"].reshape(num_seeds, -1).sum(1))
+        returns = m["episode_return_sum"].sum(0) / np.maximum(1, m["episodes"].sum(0))  # [U, A] -> [A]
         now = time.perf_counter() - start
         solved_at = [s if s is not None or r < SOLVED else now for s, r in zip(solved_at, returns)]
     train_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start

@@ -66,12 +66,17 @@ def _agent(runner: PopulationRunner) -> RunnerState:
 
 
 def make_anakin_population(steps_for: StepsFor, config: AnakinConfig, mesh: Mesh, sharded: bool):
-    """Jitted `init(keys [A], hparams) -> runner` and `train(runner) -> (runner, metrics [A, U, ...])`.
+    """Jitted `init(keys [A], hparams) -> runner` and `train(runner) -> (runner, metrics [U, A, ...])`.
 
     `steps_for(hparams, sharded)` builds one agent's per-device `init, act,
     learn, axes` with its settings (traced scalars inside the program).
+    Metrics come out update-major, as each agent's scan stacks them: agent-major,
+    XLA:CPU would transpose every metric into a copy kernel of its own, whose
+    fully unrolled loop took longer to compile than most of the program (86 ms
+    for a [8, 122] one).
     """
-    runner_specs, _, metric_specs = _specs(sharded)
+    runner_specs, _, _ = _specs(sharded)
+    metric_specs = P(None, parallel.DATA_AXIS) if sharded else P()
     init_one = steps_for({}, sharded)[0]
     axes = steps_for({}, sharded)[3]
 
@@ -93,7 +98,7 @@ def make_anakin_population(steps_for: StepsFor, config: AnakinConfig, mesh: Mesh
         return jax.lax.scan(train_step, runner, length=config.updates_per_call)
 
     def train(runner: PopulationRunner):
-        agents, metrics = jax.vmap(train_agent)(_agent(runner), runner.hparams)
+        agents, metrics = jax.vmap(train_agent, out_axes=(0, 1))(_agent(runner), runner.hparams)
         return PopulationRunner(*agents, runner.hparams), metrics
 
     check = bool(axes)  # agents split over devices: no collective, nothing to prove

@@ -95,10 +95,10 @@ def _build_population(configs, env, network, layout, mesh, members, sharded, cal
     return Program(env, network, layout, calls, lambda _key: init(keys, hparams), train, phases)
 
 
-def _agent_rows(metrics, num_agents: int, agent_axis: int) -> list[dict]:
-    """One call's metrics [A, U, ...] (profile mode: [U, A, ...]) as one log row per agent."""
+def _agent_rows(metrics, num_agents: int) -> list[dict]:
+    """One call's metrics [U, A, ...] as one log row per agent."""
     metrics = parallel.to_host(metrics)
-    return [_interval_metrics(jax.tree.map(lambda x: np.take(x, i, axis=agent_axis), metrics))
+    return [_interval_metrics(jax.tree.map(lambda x: np.take(x, i, axis=1), metrics))
             for i in range(num_agents)]
 
 
@@ -135,7 +135,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
         if pop_log is None:
             row = _interval_metrics(metrics)
         else:
-            row = pop_log.row(_agent_rows(metrics, len(members), 1 if session.profiler else 0))
+            row = pop_log.row(_agent_rows(metrics, len(members)))
         env_steps = (call + 1) * calls.steps_per_call
         session.check_finite(row.pop("finite"), f"update {(call + 1) * updates_per_call}", env_steps,
                              algo.fix)
