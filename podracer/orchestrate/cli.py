@@ -107,9 +107,9 @@ def default_cpu_devices(configs: dict[str, Any], cores: int) -> int:
     shares: a population's agents (Anakin PPO or IMPALA), or an ES generation's
     antithetic pairs (Anakin ES); 1 otherwise. XLA:CPU runs a program's many
     small kernels mostly one at a time, so on two cores one device training 16
-    CartPole agents in a vmap kept about one core busy (229k aggregate steps/s);
-    as two devices of 8 agents, the two halves run side by side with no
-    collective between them (447k). One agent's environments stay on one
+    CartPole agents in a vmap kept about 1.4 cores busy (195-218k aggregate
+    steps/s); as two devices of 8 agents, the halves run side by side with no
+    collective between them (379-456k, 2 cores busy). One agent's environments stay on one
     device: split, its gradients are averaged every minibatch, which took 3x
     as long on two CPU devices. Only the CPU backend is split; an accelerator's
     devices are what they are.
@@ -138,8 +138,8 @@ def process_wide_jax_settings(run_cfg: run_config.RunConfig, cpu_devices_by_defa
     splits the CPU into that many devices; without it, into
     `cpu_devices_by_default` (`default_cpu_devices`) where nothing else chose a
     count first (`jax_num_cpu_devices`, XLA_FLAGS' host device count, a backend
-    already started). Returns the count set by default (0: none). Sebulba executes CPU computations on
-    the thread that calls them (`jax_cpu_enable_async_dispatch` off): every
+    already started); returns the count it set so (0: none). Sebulba executes
+    CPU computations on the thread that calls them (`jax_cpu_enable_async_dispatch` off): every
     Sebulba thread waits for its own computation at once (an actor needs its
     actions, the learner its metrics), so handing each small policy call to
     XLA's worker threads only adds a thread wake-up per environment step; on a
