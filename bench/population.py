@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -44,7 +43,7 @@ import jax
 import numpy as np
 
 from podracer.anakin import train as anakin_train
-from podracer.orchestrate.cli import default_cpu_devices
+from podracer.orchestrate.cli import default_cpu_devices, usable_cores
 from podracer.orchestrate.parse import parse
 
 SEEDS, NUM_ENVS, ROLLOUT, TOTAL, SOLVED, CALLS = 16, 4, 128, 500_000, 475.0, 8
@@ -60,7 +59,7 @@ def reference_configs(num_seeds: int, extra=()) -> dict:
 
 def launcher_devices(num_seeds: int) -> int:
     """The CPU devices `python launch/tpu.py` gives this run on this machine without --cpu-devices."""
-    return default_cpu_devices(reference_configs(num_seeds), len(os.sched_getaffinity(0)))
+    return default_cpu_devices(reference_configs(num_seeds), usable_cores())
 
 
 def ours(num_seeds: int, devices, calls: int = CALLS, extra=()) -> dict:

@@ -161,10 +161,17 @@ def test_default_cpu_devices_split_populations_and_es_one_per_core(argv, cores, 
     assert cli.default_cpu_devices(parse(argv).configs, cores) == expected
 
 
+def test_usable_cores_without_an_affinity_call(monkeypatch):
+    """macOS and Windows have no os.sched_getaffinity: every run would fail there without the fallback."""
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert cli.usable_cores() == 6
+
+
 def test_a_population_runs_on_one_cpu_device_per_core_by_default(tmp_path):
     """Without --cpu-devices, the launcher splits a 2-agent population over two CPU devices, and
     says so; a device count chosen through XLA_FLAGS is kept."""
-    if len(os.sched_getaffinity(0)) < 2:
+    if cli.usable_cores() < 2:
         pytest.skip("needs two CPU cores")
     argv = [*SMALL, "--num-seeds=2"]
     result = _launch(*argv, f"--run-dir={tmp_path / 'split'}", cwd=tmp_path)

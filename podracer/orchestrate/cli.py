@@ -43,7 +43,7 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     trainer = _trainer(run_cfg.arch, run_cfg.algo)
     one_process = not configs["distributed"].coordinator and configs["distributed"].distributed == "off"
-    split = process_wide_jax_settings(run_cfg, default_cpu_devices(configs, len(os.sched_getaffinity(0)))
+    split = process_wide_jax_settings(run_cfg, default_cpu_devices(configs, usable_cores())
                                       if one_process else 1)
     from podracer.orchestrate import distributed as orchestrate
 
@@ -124,6 +124,12 @@ def default_cpu_devices(configs: dict[str, Any], cores: int) -> int:
     else:
         return 1
     return max(n for n in range(1, max(cores, 1) + 1) if units % n == 0)
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity where the OS has one, as on Linux; else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # absent on macOS and Windows
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def _split_units(configs: dict[str, Any]) -> str:
