@@ -81,7 +81,7 @@ def ours(num_seeds: int, devices, calls: int = CALLS, extra=()) -> dict:
     train_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     solved = None if None in solved_at else compile_s + max(solved_at)
     return {"sps": calls * steps_per_call / train_s, "compile_s": compile_s, "train_s": train_s,
-            "busy_cores": cpu_s / train_s, "devices": len(devices),
+            "busy_cores": cpu_s / train_s,
             "time_to_all_solved_s": solved, "solved": sum(s is not None for s in solved_at)}
 
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import LAUNCHER, PYTHON
+from conftest import LAUNCHER, PYTHON, REPO_ROOT
 from podracer import population as pop
 from podracer.anakin import train as anakin_train
 from podracer.anakin import train_es
@@ -185,6 +185,18 @@ def test_a_population_runs_on_one_cpu_device_per_core_by_default(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 cpu device;" in result.stdout.splitlines()[0]
     assert json.loads((tmp_path / "kept" / "summary.json").read_text())["devices"] == 1
+
+
+def test_a_population_keeps_the_devices_of_a_jax_already_running(tmp_path):
+    """From Python after JAX has started (a notebook), the default split is not attempted: the
+    population trains on the devices JAX already has."""
+    script = ("import jax, podracer; jax.devices(); "
+              f"s = podracer.train(num_seeds=2, run_dir={str(tmp_path / 'nb')!r}, num_envs=8, rollout_len=16, "
+              "updates_per_call=2, hidden=(16, 16), total_steps=512); print('devices', s['devices'])")
+    result = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": REPO_ROOT})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "devices 1" in result.stdout.splitlines()[-1], result.stdout[-500:]
 
 
 def _launch(*args, cwd, timeout=300):

@@ -75,8 +75,8 @@ def make_anakin_population(steps_for: StepsFor, config: AnakinConfig, mesh: Mesh
     fully unrolled loop took longer to compile than most of the program (86 ms
     for a [8, 122] one).
     """
-    runner_specs, _, _ = _specs(sharded)
-    metric_specs = P(None, parallel.DATA_AXIS) if sharded else P()
+    runner_specs, _, agent_metric_specs = _specs(sharded)
+    metric_specs = P(None, *agent_metric_specs)  # [U, A, ...]: the updates' axis before the agents'
     init_one = steps_for({}, sharded)[0]
     axes = steps_for({}, sharded)[3]
 
