@@ -27,6 +27,20 @@ class Calls(NamedTuple):
     steps_per_call: int
 
 
+class Init(NamedTuple):
+    """A run's jitted `init` and the arguments it takes for a seed key (a population's: its agents')."""
+
+    program: Any  # jitted
+    inputs: Callable[[Any], tuple]  # key -> the program's arguments
+
+    def __call__(self, key) -> Any:
+        return self.program(*self.inputs(key))
+
+    @classmethod
+    def of_key(cls, program) -> "Init":
+        return cls(program, lambda key: (key,))
+
+
 class Program(NamedTuple):
     """What a pair builds before anything runs: its environment, network and jitted functions."""
 
@@ -34,7 +48,7 @@ class Program(NamedTuple):
     network: Any  # the actor-critic (PPO) or the policy whose parameters evolve (ES)
     layout: Any  # sizes derived from the config and the mesh
     calls: Calls  # `start` 0: the session knows whether it resumes
-    init: Any  # jitted `init(key) -> runner`
+    init: Init  # `init(key) -> runner`
     step: Any  # jitted `step(runner) -> (runner, metrics)`: one call
     phases: Any  # the step's phases as separate programs, to profile; else None
 

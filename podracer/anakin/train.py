@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podracer.anakin.calls import Calls, Program, run_calls
+from podracer.anakin.calls import Calls, Init, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
@@ -75,7 +75,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
     phases = (make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
               if profile else None)
-    return Program(env, network, layout, Calls(0, num_calls, steps_per_call), init, train, phases)
+    return Program(env, network, layout, Calls(0, num_calls, steps_per_call), Init.of_key(init), train, phases)
 
 
 def _build_population(configs, env, network, layout, mesh, members, sharded, calls, optimizer_steps,
@@ -92,7 +92,7 @@ def _build_population(configs, env, network, layout, mesh, members, sharded, cal
     init, train = make_anakin_population(steps_for, configs["anakin"], mesh, sharded)
     keys, hparams = agent_inputs(members)
     phases = make_anakin_population_phases(steps_for, mesh, sharded) if profile else None
-    return Program(env, network, layout, calls, lambda _key: init(keys, hparams), train, phases)
+    return Program(env, network, layout, calls, Init(init, lambda _key: (keys, hparams)), train, phases)
 
 
 def _agent_rows(metrics, num_agents: int) -> list[dict]:
@@ -116,7 +116,8 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     run, updates_per_call = configs["run"], configs["anakin"].updates_per_call
     algo, ppo_config = actor_critic(configs)
     built = build(configs, devices, profile=session.profiler is not None)
-    runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
+    init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
+    runner, meta = session.open(session.compiled("init", built.init.program, init_args)(*init_args))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = session.population_log(members) if population.is_population(configs) else None
@@ -128,7 +129,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
         train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
                                         session.measure)
     else:
-        train = built.step.lower(runner).compile()
+        train = session.compiled("step", built.step, (runner,))
     session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
 
     def record(call: int, metrics) -> None:

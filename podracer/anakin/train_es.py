@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from podracer.anakin.calls import Calls, Program, run_calls
+from podracer.anakin.calls import Calls, Init, Program, run_calls
 from podracer.anakin.env import make_env
 from podracer import population
 from podracer.anakin.suites.base import check_masked_inputs
@@ -44,10 +44,10 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
         keys, hparams = agent_inputs(members)
         phases = make_anakin_es_population_phases(env, policy, config_for, mesh) if profile else None
         return Program(env, policy, layout, Calls(0, num_calls, steps_per_call),
-                       lambda _key: init(keys, hparams), step, phases)
+                       Init(init, lambda _key: (keys, hparams)), step, phases)
     init, step = make_anakin_es(env, policy, es_config, mesh)
     phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
-    return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, step, phases)
+    return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), Init.of_key(init), step, phases)
 
 
 def train_es(configs: dict[str, Any], devices=None):
@@ -70,7 +70,8 @@ def train_es(configs: dict[str, Any], devices=None):
     run, es_config = configs["run"], configs["es"]
     generations_per_call = es_config.generations_per_call
     built = build(configs, devices, profile=session.profiler is not None)
-    runner, meta = session.open(built.init(jax.random.PRNGKey(run.seed)))
+    init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
+    runner, meta = session.open(session.compiled("init", built.init.program, init_args)(*init_args))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = (session.population_log(members, "mean_params_return")
@@ -81,7 +82,7 @@ def train_es(configs: dict[str, Any], devices=None):
         step = make_profiled_es_step(compile_es_phases(built.phases, runner, hparams), session.measure,
                                      agents=pop_log is not None)
     else:
-        step = built.step.lower(runner).compile()
+        step = session.compiled("step", built.step, (runner,))
     session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
     last_row: dict = {}
 

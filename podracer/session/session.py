@@ -35,7 +35,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
-from podracer.session import startup, storage
+from podracer.session import program_cache, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -97,6 +97,14 @@ class RunSession:
         state, meta = self.checkpointer.restore(initial, step=self.resume_steps)
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
+
+    def compiled(self, name: str, jitted: Any, args: tuple) -> Any:
+        """`jitted` compiled for `args`: read back whole if a command-line run kept it
+        (`podracer.session.program_cache`), else traced, lowered and compiled through JAX's cache."""
+        program, read_back = program_cache.compiled(name, jitted, args, self.configs, startup.cache_dir())
+        if read_back:
+            self.startup.read_back()
+        return program
 
     def warm_start(self, train: Any, spec: Any, network: Any, ppo_config: Any) -> Any:
         """`--init-from-dataset`: a new run's PPO train state cloned from the dataset.

@@ -10,6 +10,9 @@ Two summary keys come from here, the same for every (architecture, algorithm) pa
   as this run found it: `dir` (null when off), `hits` and `misses`, the programs
   compiled during start-up that were and were not read from it, and `hit`, true
   when every one was. JAX reports both through `jax.monitoring` events.
+  `read_back` counts the programs a command-line run read back whole from
+  podracer's program cache (`podracer.session.program_cache`), neither traced
+  nor compiled; `hit` counts them as answered.
 
 The command line chooses the cache directory (`podracer.orchestrate.compile_cache`);
 the session only reports what JAX was set to.
@@ -82,6 +85,11 @@ class StartUp:
         self._before = dict(_counts)
         self._after: dict[str, int] | None = None
         self.time_to_first_step_s: float | None = None
+        self.programs_read_back = 0  # whole, from podracer's program cache: not traced, not compiled
+
+    def read_back(self) -> None:
+        """A program came whole from the program cache (`podracer.session.program_cache`)."""
+        self.programs_read_back += 1
 
     def training_starts(self) -> None:
         """Start-up is over; compilations from now on (during training) are not counted."""
@@ -90,13 +98,19 @@ class StartUp:
             self._after = dict(_counts)
 
     def summary(self) -> dict[str, Any]:
-        """The summary's `time_to_first_step_s` and `compile_cache` (`dir`, `hit`, `hits`, `misses`)."""
+        """The summary's `time_to_first_step_s` and `compile_cache`.
+
+        `compile_cache`: `dir`, `hits` and `misses` (JAX's cache), `read_back`
+        (programs the program cache gave whole) and `hit`, true when nothing
+        was compiled: every program came from one cache or the other.
+        """
         after = self._after if self._after is not None else dict(_counts)
         requests = after[REQUESTS] - self._before[REQUESTS]
         hits = after[HITS] - self._before[HITS]
+        read_back = self.programs_read_back
         return {"time_to_first_step_s": self.time_to_first_step_s,
-                "compile_cache": {"dir": cache_dir(), "hit": requests > 0 and hits == requests,
-                                  "hits": hits, "misses": requests - hits}}
+                "compile_cache": {"dir": cache_dir(), "hit": requests + read_back > 0 and hits == requests,
+                                  "hits": hits, "misses": requests - hits, "read_back": read_back}}
 
 
 def begin(started: float) -> None:

@@ -1,0 +1,194 @@
+"""Compiled programs kept whole across command-line runs, so that a rerun skips tracing and lowering.
+
+JAX's persistent compilation cache (`podracer.orchestrate.compile_cache`) spares
+a rerun XLA's compilation, but not the Python work that finds its key: tracing
+and lowering every program again, 0.6-0.8 s of a CartPole run's start-up on a
+2-core CPU. A run started from the command line therefore also keeps each
+program it compiles, serialized (`jax.experimental.serialize_executable`), in
+`programs/` inside that cache directory, under a key made of everything that
+decides the program and is known before tracing:
+
+- the program's name and its arguments' structure, shapes, dtypes and shardings;
+- every setting of the run, except where it writes (`--run-dir`, `--compile-cache`);
+- the devices and processes; JAX, jaxlib, Python, `sys.path`; every JAX option;
+  the environment variables that configure JAX, XLA, accelerators and podracer.
+
+An entry also lists every Python module loaded when the program was compiled,
+with its file's size and modification time: it is read back only if each of
+those files is unchanged and each module already loaded here comes from the
+same file. Any doubt (a change, a damaged entry, a failed load) means compiling
+as usual, through JAX's cache.
+
+Only command-line runs use it (`use_from_command_line`): from Python
+(`podracer.train`, a notebook) code can change without any file changing. One
+process, a local cache directory, and programs whose only calls out of XLA are
+LAPACK's (JAX sets LAPACK up while lowering, which a program read back skips,
+so it is set up here first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import sys
+import tempfile
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+PROGRAMS = "programs"  # inside the compilation cache directory
+SUFFIX = ".program"
+# Settings that say where a run writes, not what it computes.
+WHERE_SETTINGS = {("run", "run_dir"), ("run", "compile_cache")}
+# Environment variables that can change a program or the devices it runs on.
+ENV_PREFIXES = ("JAX_", "XLA_", "TPU_", "LIBTPU", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "PODRACER_")
+LAPACK_PREFIX = "lapack_"
+
+_from_command_line = False
+
+
+def use_from_command_line() -> None:
+    """This process was started from the command line: its code is its files."""
+    global _from_command_line
+    _from_command_line = True
+
+
+def directory(cache_dir: str | None) -> str | None:
+    """Where programs are kept beside JAX's cache at `cache_dir`; None where they are not kept."""
+    if not _from_command_line or cache_dir is None or "://" in cache_dir or jax.process_count() > 1:
+        return None
+    return os.path.join(cache_dir, PROGRAMS)
+
+
+def key(name: str, args: tuple, configs: dict[str, Any]) -> str:
+    """What decides the program `name` compiled for `args`, known without tracing it, as a hash."""
+    from podracer.session.checkpoint import config_record
+
+    settings = {section: {k: v for k, v in values.items() if (section, k) not in WHERE_SETTINGS}
+                for section, values in config_record(configs).items()}
+    leaves, tree = jax.tree.flatten(args)
+    arguments = [str(tree)] + [(np.shape(x), str(getattr(x, "dtype", None) or np.result_type(x)),
+                                bool(getattr(x, "weak_type", False)),
+                                str(getattr(x, "sharding", None))) for x in leaves]
+    import jaxlib
+
+    parts = {
+        "name": name, "settings": settings, "arguments": arguments,
+        "devices": [(d.platform, d.device_kind, d.id, d.process_index) for d in jax.devices()],
+        "processes": (jax.process_count(), jax.process_index()),
+        "versions": (jax.__version__, jaxlib.__version__, sys.version, sys.executable),
+        "sys_path": sys.path,
+        "jax_options": sorted((k, repr(v)) for k, v in jax.config.values.items()),
+        "environment": sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def module_files() -> list[tuple[str, str, int, int]]:
+    """(module, file, size, modification time in ns) of every loaded module that has a file."""
+    files = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str):
+            continue
+        try:
+            stat = os.stat(path)
+        except OSError:
+            continue
+        files.append((name, path, stat.st_size, stat.st_mtime_ns))
+    return files
+
+
+def unchanged(files: list[tuple[str, str, int, int]]) -> bool:
+    """Each file as it was, and each of its modules loaded here loaded from it."""
+    for name, path, size, mtime_ns in files:
+        loaded = sys.modules.get(name)
+        if loaded is not None and getattr(loaded, "__file__", None) != path:
+            return False
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return False
+        if stat.st_size != size or stat.st_mtime_ns != mtime_ns:
+            return False
+    return True
+
+
+def _calls_out(compiled) -> set[str]:
+    """The targets of the program's custom calls (kernels outside XLA)."""
+    import re
+
+    return set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
+
+
+def _set_up_lapack() -> bool:
+    """What JAX does while lowering a LAPACK call; False if this JAX cannot be asked to."""
+    try:
+        from jax._src.lax import linalg
+        linalg.initialize_lapack()
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def load(path: str):
+    """The program kept at `path`, or None (none, damaged, stale, or not loadable here)."""
+    from jax.experimental import serialize_executable
+
+    try:
+        with open(path, "rb") as f:
+            entry = pickle.load(f)
+        if not unchanged(entry["files"]):
+            return None
+        if entry["lapack"] and not _set_up_lapack():
+            return None
+        by_id = {device.id: device for device in jax.devices()}
+        return serialize_executable.deserialize_and_load(
+            *entry["program"], execution_devices=[by_id[i] for i in entry["devices"]])
+    except FileNotFoundError:
+        return None
+    except Exception:  # a cache entry never fails a run: a damaged or foreign one is compiled anew
+        return None
+
+
+def save(path: str, compiled) -> bool:
+    """Keep `compiled` at `path` (written whole, then renamed); False if it cannot be kept."""
+    from jax.experimental import serialize_executable
+
+    calls = _calls_out(compiled)
+    if any(not call.startswith(LAPACK_PREFIX) for call in calls):
+        return False
+    try:
+        entry = {"files": module_files(), "lapack": bool(calls),
+                 "devices": [device.id for device in compiled._executable._unloaded_executable.device_list],
+                 "program": serialize_executable.serialize(compiled)}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(temporary, path)
+    except Exception:  # a program that cannot be kept is compiled again next time
+        try:
+            os.unlink(temporary)
+        except (NameError, OSError):
+            pass
+        return False
+    return True
+
+
+def compiled(name: str, jitted: Callable, args: tuple, configs: dict[str, Any],
+             cache_dir: str | None) -> tuple[Any, bool]:
+    """`jitted` compiled for `args`, and whether it was read back without tracing."""
+    where = directory(cache_dir)
+    if where is None:
+        return jitted.lower(*args).compile(), False
+    path = os.path.join(where, key(name, args, configs) + SUFFIX)
+    program = load(path)
+    if program is not None:
+        return program, True
+    program = jitted.lower(*args).compile()
+    save(path, program)
+    return program, False

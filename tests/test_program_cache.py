@@ -1,0 +1,123 @@
+"""The program cache: compiled programs kept whole and read back only while nothing that made them changed."""
+
+import importlib
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from podracer.session import program_cache
+
+
+@pytest.fixture
+def command_line(monkeypatch):
+    """As in a run started from the command line, which keeps its programs."""
+    monkeypatch.setattr(program_cache, "_from_command_line", True)
+
+
+@pytest.fixture
+def helper(tmp_path, monkeypatch):
+    """A module of this test's own, on a file the test can change."""
+    (tmp_path / "kept_helper.py").write_text("def scale(x):\n    return x * 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("kept_helper", None)
+    module = importlib.import_module("kept_helper")
+    yield module
+    sys.modules.pop("kept_helper", None)
+
+
+def _kept(cache):
+    folder = cache / program_cache.PROGRAMS
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def _compiled(name, fn, args, cache, configs=None):
+    return program_cache.compiled(name, jax.jit(fn), args, configs or {}, str(cache))
+
+
+def test_a_kept_program_is_read_back_until_a_file_it_was_made_from_changes(command_line, helper, tmp_path):
+    x = jnp.arange(4.0)
+    cache = tmp_path / "cache"
+    program, read_back = _compiled("scale", lambda v: helper.scale(v) + 1, (x,), cache)
+    assert not read_back and len(_kept(cache)) == 1
+    program, read_back = _compiled("scale", lambda v: helper.scale(v) + 1, (x,), cache)
+    assert read_back
+    np.testing.assert_array_equal(program(x), x * 2 + 1)
+
+    # The helper's file changes (as an edit would): the kept program is stale.
+    path = tmp_path / "kept_helper.py"
+    path.write_text("def scale(x):\n    return x * 3.0  # changed\n")
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    helper = importlib.reload(helper)
+    program, read_back = _compiled("scale", lambda v: helper.scale(v) + 1, (x,), cache)
+    assert not read_back
+    np.testing.assert_array_equal(program(x), x * 3 + 1)
+    program, read_back = _compiled("scale", lambda v: helper.scale(v) + 1, (x,), cache)
+    assert read_back  # kept again, as it is now
+    np.testing.assert_array_equal(program(x), x * 3 + 1)
+
+
+def test_the_key_covers_arguments_settings_and_name_but_not_where_a_run_writes(command_line, tmp_path):
+    from podracer.orchestrate.parse import parse_configs
+
+    configs = parse_configs([])
+    key = lambda name, args, c=configs: program_cache.key(name, args, c)
+    x = jnp.zeros(3)
+    assert key("step", (x,)) == key("step", (jnp.ones(3),))  # values are not part of it
+    assert key("step", (x,)) != key("init", (x,))
+    assert key("step", (x,)) != key("step", (jnp.zeros(4),))
+    assert key("step", (x,)) != key("step", (jnp.zeros(3, jnp.int32),))
+    assert key("step", (x,)) != key("step", (jax.device_put(x, jax.devices()[1]),))
+    assert key("step", (x,)) != key("step", ({"x": x},))
+    assert key("step", (x,)) != key("step", (x,), parse_configs(["--lr=3e-4"]))
+    assert key("step", (x,)) != key("step", (x,), parse_configs(["--hidden", "32", "32"]))
+    assert key("step", (x,)) == key("step", (x,), parse_configs([f"--run-dir={tmp_path / 'other'}",
+                                                               f"--compile-cache={tmp_path}"]))
+
+
+def test_a_module_loaded_from_another_file_is_a_change(command_line, helper, tmp_path):
+    files = program_cache.module_files()
+    assert program_cache.unchanged(files)
+    moved = [(name, path + "x" if name == "kept_helper" else path, size, mtime)
+             for name, path, size, mtime in files]
+    assert not program_cache.unchanged(moved)
+
+
+def test_a_damaged_entry_is_compiled_anew_and_replaced(command_line, tmp_path):
+    x = jnp.arange(3.0)
+    cache = tmp_path / "cache"
+    _compiled("double", lambda v: v * 2, (x,), cache)
+    [entry] = _kept(cache)
+    entry.write_bytes(entry.read_bytes()[:100])
+    program, read_back = _compiled("double", lambda v: v * 2, (x,), cache)
+    assert not read_back
+    np.testing.assert_array_equal(program(x), x * 2)
+    assert _compiled("double", lambda v: v * 2, (x,), cache)[1]
+
+
+def test_a_program_calling_out_of_xla_is_not_kept_and_lapack_is(command_line, tmp_path):
+    x = jnp.arange(4.0)
+    cache = tmp_path / "cache"
+    host = lambda v: jax.pure_callback(lambda a: np.asarray(a) + 1, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+    assert not _compiled("host", host, (x,), cache)[1]
+    assert not _compiled("host", host, (x,), cache)[1] and _kept(cache) == []
+
+    m = jnp.eye(3) + 1.0
+    qr = lambda a: jnp.linalg.qr(a)[0]
+    _compiled("qr", qr, (m,), cache)
+    program, read_back = _compiled("qr", qr, (m,), cache)
+    assert read_back
+    np.testing.assert_allclose(program(m), np.linalg.qr(np.asarray(m))[0], atol=1e-5)
+
+
+def test_from_python_nothing_is_kept_nor_read_back(tmp_path):
+    assert not program_cache._from_command_line  # this test process never set it
+    x = jnp.arange(3.0)
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        assert not _compiled("double", lambda v: v * 2, (x,), cache)[1]
+    assert _kept(cache) == []
