@@ -5,7 +5,7 @@ step or thread set, its extra metrics); the session does the rest:
 
     session = RunSession(configs)            # data and resume checks, the profiler
     ... build and compile (may refuse a setting: nothing written yet) ...
-    state, meta = session.open(initial_state)   # run dir, checkpointer; restored if resuming
+    state, meta = session.open(initial_state)   # run dir; restored if resuming
     session.start(total_steps, compile_s)    # logger (metrics, TensorBoard, W&B), profile window
     with session.training() as stop:         # signals: the loop saves, then stops
         ... session.log(row), session.check_finite(...), session.save(...) ...
@@ -22,7 +22,9 @@ through `self.staging` (`podracer.session.storage`).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -37,6 +39,14 @@ from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
 from podracer.session import program_cache, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
+
+
+def _import_quietly(module: str) -> None:
+    """Import `module` ahead of its use; a failure is left to that use to report."""
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001  (the main thread's own import raises it, in one line)
+        pass
 
 
 class RunSession:
@@ -67,7 +77,8 @@ class RunSession:
         self.profiler = make_profiler(
             configs["logging"], self.staging.local if configs["logging"].profile else self.run.run_dir)
         self.timings: Timings = self.profiler or Timings()
-        self.checkpointer: Checkpointer | None = None
+        self.checkpointer: Checkpointer | None = None  # made when first needed (`_checkpointer`)
+        self._importing_orbax: threading.Thread | None = None
         self.logger: RunLogger | None = None
         self.resumed_from: int | None = None  # env steps of the checkpoint resumed from
         self.last_saved: int | None = None  # env steps of the last checkpoint written or found
@@ -84,17 +95,16 @@ class RunSession:
     # -- before training
 
     def open(self, initial: Any) -> tuple[Any, dict[str, Any]]:
-        """Create the run directory and checkpointer; returns the state to start from.
+        """Create the run directory; returns the state to start from.
 
         A resumed run gets its latest checkpoint (process 0's latest, on every
         process), restored into `initial`'s shapes and shardings, with the
         checkpoint's meta; a new run `initial` and an empty meta.
         """
         prepare_run_dir(self.run.run_dir)
-        self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
         if not self.resuming:
             return initial, {}
-        state, meta = self.checkpointer.restore(initial, step=self.resume_steps)
+        state, meta = self._checkpointer().restore(initial, step=self.resume_steps)
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
 
@@ -105,6 +115,14 @@ class RunSession:
         if read_back:
             self.startup.read_back()
         return program
+
+    def _checkpointer(self) -> Checkpointer:
+        """The run's checkpointer, made when first needed: by a new run at its first save."""
+        if self.checkpointer is None:
+            if self._importing_orbax is not None:
+                self._importing_orbax.join()
+            self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
+        return self.checkpointer
 
     def warm_start(self, train: Any, spec: Any, network: Any, ppo_config: Any) -> Any:
         """`--init-from-dataset`: a new run's PPO train state cloned from the dataset.
@@ -130,6 +148,12 @@ class RunSession:
             self.profiler.start()
         self.startup.training_starts()  # the first step is dispatched next
         self._train_start = time.perf_counter()
+        if self.checkpointer is None:
+            # Orbax's import (0.15 s on a 2-core CPU) runs beside the first calls, which
+            # leave the host waiting, instead of before them; the first save joins it.
+            self._importing_orbax = threading.Thread(target=_import_quietly, args=("orbax.checkpoint",),
+                                                     name="podracer-import-orbax", daemon=True)
+            self._importing_orbax.start()
         return self.logger
 
     def elapsed(self) -> float:
@@ -196,7 +220,7 @@ class RunSession:
         with self.measure("checkpoint"):
             if self.logger is not None:
                 self.logger.sync()
-            self.checkpointer.save(env_steps, state, meta)
+            self._checkpointer().save(env_steps, state, meta)
         self.last_saved = env_steps
 
     def check_finite(self, finite: bool, where: str, env_steps: int, fix: str) -> None:
