@@ -172,6 +172,27 @@ def test_a_new_run_imports_orbax_beside_its_first_calls_and_still_saves(tmp_path
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["1024"]
 
 
+def test_the_initialisation_compiles_in_a_thread_while_the_training_program_is_traced(tmp_path, monkeypatch):
+    import threading
+
+    import jax
+
+    import podracer
+
+    compiled_on_main = []
+    real = jax.stages.Lowered.compile
+
+    def compile(self, *args, **kwargs):
+        compiled_on_main.append(threading.current_thread() is threading.main_thread())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
+    summary = podracer.train(num_envs=8, rollout_len=16, updates_per_call=2, total_steps=1024,
+                             checkpoint_every=0, run_dir=str(tmp_path / "run"))
+    assert compiled_on_main == [False, True]  # the initialisation beside, the training program here
+    assert summary["episode_return_mean"] is not None
+
+
 def test_gymnax_renders_with_its_plotting_libraries_loaded_on_first_use():
     code = ("import sys, jax, matplotlib; matplotlib.use('Agg'); "
             "from podracer.anakin.env import make_env; env = make_env('Catch-bsuite'); "

@@ -26,7 +26,7 @@ from podracer.data.record import ppo_policy
 from podracer import population
 from podracer.networks import is_recurrent, make_network
 from podracer.protocol import parallel
-from podracer.session.session import RunSession
+from podracer.session.session import RunSession, placed_for
 
 
 def _interval_metrics(metrics) -> dict:
@@ -117,20 +117,25 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     algo, ppo_config = actor_critic(configs)
     built = build(configs, devices, profile=session.profiler is not None)
     init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
-    runner, meta = session.open(session.compiled("init", built.init.program, init_args)(*init_args))
+    compile_start = time.perf_counter()
+    init, step = session.compiled_init_and_step(built.init.program, init_args,
+                                                None if session.profiler else built.step)
+    compile_s = time.perf_counter() - compile_start
+    runner, meta = session.open(init(*init_args))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = session.population_log(members) if population.is_population(configs) else None
     if pop_log is None:
         runner = runner._replace(train=session.warm_start(runner.train, built.env.spec, built.network,
                                                           ppo_config))
-    compile_start = time.perf_counter()
     if session.profiler:
+        compile_start = time.perf_counter()
         train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
                                         session.measure)
+        compile_s += time.perf_counter() - compile_start
     else:
-        train = session.compiled("step", built.step, (runner,))
-    session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
+        train, runner = step, placed_for(step, runner)
+    session.start(calls.total * calls.steps_per_call, compile_s)
 
     def record(call: int, metrics) -> None:
         if pop_log is None:

@@ -23,7 +23,7 @@ from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_s
 from podracer.es.metrics import ES_FIX, es_row
 from podracer.networks import make_policy_network
 from podracer.protocol import parallel
-from podracer.session.session import RunSession
+from podracer.session.session import RunSession, placed_for
 
 def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
     """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
@@ -70,20 +70,27 @@ def train_es(configs: dict[str, Any], devices=None):
     run, es_config = configs["run"], configs["es"]
     generations_per_call = es_config.generations_per_call
     built = build(configs, devices, profile=session.profiler is not None)
-    init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
-    runner, meta = session.open(session.compiled("init", built.init.program, init_args)(*init_args))
+    if session.profiler:
+        compile_start = time.perf_counter()
+        train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
+                                        session.measure)
+        compile_s += time.perf_counter() - compile_start
+    else:
+        train, runner = step, placed_for(step, runner)
+    session.start(calls.total * calls.steps_per_call, compile_s)
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = (session.population_log(members, "mean_params_return")
                if population.is_population(configs) else None)
-    compile_start = time.perf_counter()
     if session.profiler:
+        compile_start = time.perf_counter()
         hparams = runner.hparams if pop_log is not None else None
         step = make_profiled_es_step(compile_es_phases(built.phases, runner, hparams), session.measure,
                                      agents=pop_log is not None)
+        compile_s += time.perf_counter() - compile_start
     else:
-        step = session.compiled("step", built.step, (runner,))
-    session.start(calls.total * calls.steps_per_call, time.perf_counter() - compile_start)
+        runner = placed_for(step, runner)
+    session.start(calls.total * calls.steps_per_call, compile_s)
     last_row: dict = {}
 
     def record(call: int, metrics) -> None:

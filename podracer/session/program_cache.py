@@ -179,16 +179,20 @@ def save(path: str, compiled) -> bool:
     return True
 
 
+def path_for(name: str, args: tuple, configs: dict[str, Any], cache_dir: str | None) -> str | None:
+    """Where the program `name` for `args` is kept; None where programs are not kept."""
+    where = directory(cache_dir)
+    return None if where is None else os.path.join(where, key(name, args, configs) + SUFFIX)
+
+
 def compiled(name: str, jitted: Callable, args: tuple, configs: dict[str, Any],
              cache_dir: str | None) -> tuple[Any, bool]:
     """`jitted` compiled for `args`, and whether it was read back without tracing."""
-    where = directory(cache_dir)
-    if where is None:
-        return jitted.lower(*args).compile(), False
-    path = os.path.join(where, key(name, args, configs) + SUFFIX)
-    program = load(path)
+    path = path_for(name, args, configs, cache_dir)
+    program = load(path) if path else None
     if program is not None:
         return program, True
     program = jitted.lower(*args).compile()
-    save(path, program)
+    if path:
+        save(path, program)
     return program, False

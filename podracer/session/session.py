@@ -26,7 +26,10 @@ import importlib
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
+
+import jax
 
 from podracer.config import LogConfig, used_configs
 from podracer.data.config import DataConfig
@@ -39,6 +42,19 @@ from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
 from podracer.session import program_cache, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
+
+
+def _compile_and_keep(lowered: Any, path: str | None) -> Any:
+    program = lowered.compile()
+    if path:
+        program_cache.save(path, program)
+    return program
+
+
+def placed_for(program: Any, state: Any) -> Any:
+    """`state` placed as the compiled `program` takes it: a restored or cloned state may not be."""
+    (shardings,), _ = program.input_shardings
+    return jax.device_put(state, shardings)
 
 
 def _import_quietly(module: str) -> None:
@@ -115,6 +131,31 @@ class RunSession:
         if read_back:
             self.startup.read_back()
         return program
+
+    def compiled_init_and_step(self, init: Any, init_args: tuple, step: Any | None) -> tuple[Any, Any]:
+        """A run's `init` compiled for `init_args`, and its `step` for the state `init` returns.
+
+        They compile side by side: `init`'s XLA compilation runs in a thread
+        while this one traces and lowers `step` (on a 2-core CPU, 0.5-0.9 s of a
+        first run's start-up), each read back whole where a command-line run
+        kept it (`compiled`). `step` (None: none) is compiled for the shapes and
+        dtypes of `init`'s result; give it a state placed by `placed_for`.
+        """
+        path = program_cache.path_for("init", init_args, self.configs, startup.cache_dir())
+        init_program = program_cache.load(path) if path else None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            if init_program is not None:
+                self.startup.read_back()
+                shapes, compiling = init_program.out_info, None
+            else:
+                lowered = init.trace(*init_args).lower()
+                shapes, compiling = lowered.out_info, pool.submit(_compile_and_keep, lowered, path)
+            state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
+                                 shapes)
+            step_program = None if step is None else self.compiled("step", step, (state,))
+            if compiling is not None:
+                init_program = compiling.result()
+        return init_program, step_program
 
     def _checkpointer(self) -> Checkpointer:
         """The run's checkpointer, made when first needed: by a new run at its first save."""
