@@ -70,14 +70,12 @@ def train_es(configs: dict[str, Any], devices=None):
     run, es_config = configs["run"], configs["es"]
     generations_per_call = es_config.generations_per_call
     built = build(configs, devices, profile=session.profiler is not None)
-    if session.profiler:
-        compile_start = time.perf_counter()
-        train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
-                                        session.measure)
-        compile_s += time.perf_counter() - compile_start
-    else:
-        train, runner = step, placed_for(step, runner)
-    session.start(calls.total * calls.steps_per_call, compile_s)
+    init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
+    compile_start = time.perf_counter()
+    init, step = session.compiled_init_and_step(built.init.program, init_args,
+                                                None if session.profiler else built.step)
+    compile_s = time.perf_counter() - compile_start
+    runner, meta = session.open(init(*init_args))
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = (session.population_log(members, "mean_params_return")

@@ -52,9 +52,20 @@ def _compile_and_keep(lowered: Any, path: str | None) -> Any:
 
 
 def placed_for(program: Any, state: Any) -> Any:
-    """`state` placed as the compiled `program` takes it: a restored or cloned state may not be."""
+    """`state` placed as the compiled `program` takes it: a restored or cloned state may not be.
+
+    An array already placed so (any sharding equivalent to the program's) is
+    left as it is.
+    """
     (shardings,), _ = program.input_shardings
-    return jax.device_put(state, shardings)
+
+    def place(x, sharding):
+        current = getattr(x, "sharding", None)
+        if current is not None and current.is_equivalent_to(sharding, x.ndim):
+            return x
+        return jax.device_put(x, sharding)
+
+    return jax.tree.map(place, state, shardings)
 
 
 def _import_quietly(module: str) -> None:
