@@ -11,6 +11,7 @@ after the same call.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -51,6 +52,22 @@ class Program(NamedTuple):
     init: Init  # `init(key) -> runner`
     step: Any  # jitted `step(runner) -> (runner, metrics)`: one call
     phases: Any  # the step's phases as separate programs, to profile; else None
+
+
+def open_with_programs(session: RunSession, built: Program, seed: int) -> tuple[Any, dict, Any, float]:
+    """Compile `init` and (unless profiling) `step` side by side, then open the run from `init`'s state.
+
+    Returns the state to start from (restored, when resuming), the checkpoint's
+    meta, the compiled step (None when profiling: its phases compile instead)
+    and the seconds spent compiling.
+    """
+    init_args = built.init.inputs(jax.random.PRNGKey(seed))
+    start = time.perf_counter()
+    init, step = session.compiled_init_and_step(built.init.program, init_args,
+                                                None if session.profiler else built.step)
+    compile_s = time.perf_counter() - start
+    state, meta = session.open(init(*init_args))
+    return state, meta, step, compile_s
 
 
 class Outcome(NamedTuple):

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podracer.anakin.calls import Calls, Init, Program, run_calls
+from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.env import make_env
 from podracer.anakin.suites.base import check_masked_inputs
 from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
@@ -116,12 +116,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     run, updates_per_call = configs["run"], configs["anakin"].updates_per_call
     algo, ppo_config = actor_critic(configs)
     built = build(configs, devices, profile=session.profiler is not None)
-    init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
-    compile_start = time.perf_counter()
-    init, step = session.compiled_init_and_step(built.init.program, init_args,
-                                                None if session.profiler else built.step)
-    compile_s = time.perf_counter() - compile_start
-    runner, meta = session.open(init(*init_args))
+    runner, meta, step, compile_s = open_with_programs(session, built, run.seed)
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = session.population_log(members) if population.is_population(configs) else None

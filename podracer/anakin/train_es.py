@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from podracer.anakin.calls import Calls, Init, Program, run_calls
+from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.env import make_env
 from podracer import population
 from podracer.anakin.suites.base import check_masked_inputs
@@ -70,12 +70,7 @@ def train_es(configs: dict[str, Any], devices=None):
     run, es_config = configs["run"], configs["es"]
     generations_per_call = es_config.generations_per_call
     built = build(configs, devices, profile=session.profiler is not None)
-    init_args = built.init.inputs(jax.random.PRNGKey(run.seed))
-    compile_start = time.perf_counter()
-    init, step = session.compiled_init_and_step(built.init.program, init_args,
-                                                None if session.profiler else built.step)
-    compile_s = time.perf_counter() - compile_start
-    runner, meta = session.open(init(*init_args))
+    runner, meta, step, compile_s = open_with_programs(session, built, run.seed)
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = (session.population_log(members, "mean_params_return")
