@@ -28,6 +28,7 @@ so it is set up here first).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -148,8 +149,6 @@ def load(path: str):
         by_id = {device.id: device for device in jax.devices()}
         return serialize_executable.deserialize_and_load(
             *entry["program"], execution_devices=[by_id[i] for i in entry["devices"]])
-    except FileNotFoundError:
-        return None
     except Exception:  # a cache entry never fails a run: a damaged or foreign one is compiled anew
         return None
 
@@ -161,6 +160,7 @@ def save(path: str, compiled) -> bool:
     calls = _calls_out(compiled)
     if any(not call.startswith(LAPACK_PREFIX) for call in calls):
         return False
+    temporary = None
     try:
         entry = {"files": module_files(), "lapack": bool(calls),
                  "devices": [device.id for device in compiled._executable._unloaded_executable.device_list],
@@ -171,10 +171,9 @@ def save(path: str, compiled) -> bool:
             pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(temporary, path)
     except Exception:  # a program that cannot be kept is compiled again next time
-        try:
-            os.unlink(temporary)
-        except (NameError, OSError):
-            pass
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         return False
     return True
 
