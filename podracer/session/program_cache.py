@@ -19,7 +19,9 @@ those files is unchanged and each module already loaded here comes from the
 same file. Any doubt (a change, a damaged entry, a failed load) means compiling
 as usual, through JAX's cache.
 
-Only command-line runs use it (`use_from_command_line`): from Python
+Anakin's drivers use it (`RunSession.compiled_init_and_step`); Sebulba's
+actor and learner programs are compiled by their first calls, through JAX's
+cache only. Only command-line runs use it (`use_from_command_line`): from Python
 (`podracer.train`, a notebook) code can change without any file changing. One
 process, a local cache directory, and programs whose only calls out of XLA are
 LAPACK's (JAX sets LAPACK up while lowering, which a program read back skips,
@@ -191,7 +193,12 @@ def compiled(name: str, jitted: Callable, args: tuple, configs: dict[str, Any],
     program = load(path) if path else None
     if program is not None:
         return program, True
-    program = jitted.lower(*args).compile()
+    return compile_and_keep(jitted.lower(*args), path), False
+
+
+def compile_and_keep(lowered, path: str | None):
+    """`lowered` compiled, and kept at `path` (None: not kept)."""
+    program = lowered.compile()
     if path:
         save(path, program)
-    return program, False
+    return program

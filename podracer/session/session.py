@@ -44,13 +44,6 @@ from podracer.session import program_cache, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
-def _compile_and_keep(lowered: Any, path: str | None) -> Any:
-    program = lowered.compile()
-    if path:
-        program_cache.save(path, program)
-    return program
-
-
 def placed_for(program: Any, state: Any) -> Any:
     """`state` placed as the compiled `program` takes it: a restored or cloned state may not be.
 
@@ -160,7 +153,7 @@ class RunSession:
                 shapes, compiling = init_program.out_info, None
             else:
                 lowered = init.trace(*init_args).lower()
-                shapes, compiling = lowered.out_info, pool.submit(_compile_and_keep, lowered, path)
+                shapes, compiling = lowered.out_info, pool.submit(program_cache.compile_and_keep, lowered, path)
             state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
                                  shapes)
             step_program = None if step is None else self.compiled("step", step, (state,))
