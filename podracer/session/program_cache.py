@@ -19,6 +19,11 @@ those files is unchanged and each module already loaded here comes from the
 same file. Any doubt (a change, a damaged entry, a failed load) means compiling
 as usual, through JAX's cache.
 
+Only a program XLA compiled in this process is kept. One that JAX's cache
+answered (the same program under other settings, such as another `--seed`)
+is not: XLA:CPU serializes such a program without some of its kernels, and
+reading it back would fail at its first call.
+
 Anakin's drivers use it (`RunSession.compiled_init_and_step`); Sebulba's
 actor and learner programs are compiled by their first calls, through JAX's
 cache only. Only command-line runs use it (`use_from_command_line`): from Python
@@ -37,6 +42,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 from typing import Any, Callable
 
 import jax
@@ -49,8 +55,12 @@ WHERE_SETTINGS = {("run", "run_dir"), ("run", "compile_cache")}
 # Environment variables that can change a program or the devices it runs on.
 ENV_PREFIXES = ("JAX_", "XLA_", "TPU_", "LIBTPU", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "PODRACER_")
 LAPACK_PREFIX = "lapack_"
+JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"  # a compilation JAX's cache answered
 
 _from_command_line = False
+_compiling = threading.local()  # what the compilation under way in this thread was answered from
+_listening = False
+_lock = threading.Lock()
 
 
 def use_from_command_line() -> None:
@@ -196,9 +206,26 @@ def compiled(name: str, jitted: Callable, args: tuple, configs: dict[str, Any],
     return compile_and_keep(jitted.lower(*args), path), False
 
 
+def _on_event(event: str, **_: Any) -> None:
+    if event == JAX_CACHE_HIT:  # JAX reports it in the thread that compiles
+        _compiling.from_jax_cache = True
+
+
+def _listen() -> None:
+    global _listening
+    with _lock:
+        if not _listening:
+            jax.monitoring.register_event_listener(_on_event)
+            _listening = True
+
+
 def compile_and_keep(lowered, path: str | None):
-    """`lowered` compiled, and kept at `path` (None: not kept)."""
+    """`lowered` compiled, and kept at `path` (None: not kept) if XLA compiled it here."""
+    if not path:
+        return lowered.compile()
+    _listen()
+    _compiling.from_jax_cache = False
     program = lowered.compile()
-    if path:
+    if not _compiling.from_jax_cache:
         save(path, program)
     return program
