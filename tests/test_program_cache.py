@@ -79,6 +79,49 @@ def test_the_key_covers_arguments_settings_and_name_but_not_where_a_run_writes(c
                                                                f"--compile-cache={tmp_path}"]))
 
 
+def _host_setting_flags(configs):
+    """A flag changing each setting the key leaves out, but where the run writes (a path)."""
+    flags = []
+    for section, name in sorted(program_cache.HOST_SETTINGS - {("run", "run_dir"), ("run", "compile_cache")}):
+        value, flag = getattr(configs[section], name), name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--no-{flag}" if value else f"--{flag}")
+        elif isinstance(value, (int, float)):
+            flags.append(f"--{flag}={value * 2 + 7}")
+        else:
+            flags.append(f"--{flag}={value}-other")
+    return flags
+
+
+def _lowered_programs(argv):
+    """The texts of the initialisation and training programs a command-line run would compile."""
+    from podracer.anakin import train, train_es
+    from podracer.orchestrate.parse import parse_configs
+
+    configs = parse_configs(argv)
+    built = (train_es if configs["run"].algo == "es" else train).build(configs, jax.devices()[:1])
+    init = built.init.program.trace(*built.init.inputs(jax.random.PRNGKey(configs["run"].seed))).lower()
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type), init.out_info)
+    return init.as_text(), built.step.trace(state).lower().as_text()
+
+
+@pytest.mark.parametrize("pair", [[], ["--algo=impala"], ["--algo=es"], ["--num-seeds=2", "--sweep", "lr=1e-3,3e-4"],
+                                  ["--algo=es", "--num-seeds=2"]], ids=["ppo", "impala", "es", "ppo-population",
+                                                                        "es-population"])
+def test_the_settings_the_key_leaves_out_never_reach_a_program(pair):
+    from podracer.orchestrate.parse import parse_configs
+
+    small = [*pair, "--population=8" if "--algo=es" in pair else "--num-envs=8", "--total-steps=4096"]
+    flags = _host_setting_flags(parse_configs(small))
+    assert {flag.split("=")[0].removeprefix("--no-").removeprefix("--") for flag in flags} >= {"seed",
+                                                                                               "checkpoint-every"}
+    changed = parse_configs([*small, *flags])
+    assert program_cache.key("step", (), changed) == program_cache.key("step", (), parse_configs(small))
+    assert _lowered_programs([*small, *flags]) == _lowered_programs(small)
+    # ... where a setting in the key changes them (the comparison can fail).
+    assert _lowered_programs([*small, "--hidden", "32", "32"])[1] != _lowered_programs(small)[1]
+
+
 def test_a_module_loaded_from_another_file_is_a_change(command_line, helper, tmp_path):
     files = program_cache.module_files()
     assert program_cache.unchanged(files)

@@ -83,21 +83,28 @@ def test_a_repeated_run_reads_its_programs_from_the_cache_and_a_changed_one_comp
     assert len(_kept_whole(cache)) == 4
 
 
-def test_programs_jax_cache_answered_under_other_settings_are_not_kept_and_their_reruns_train(tmp_path):
-    # Another seed: the same programs under a new key. JAX's cache answers them, and such a
-    # program, serialized again, lacks kernels: kept, the next run read it back and failed.
+def test_another_seed_reads_back_the_same_programs_and_a_program_jax_cache_answered_is_not_kept(tmp_path):
     environ = _environ(XDG_CACHE_HOME=str(tmp_path / "xdg"), HOME=str(tmp_path))
     cache = tmp_path / "xdg" / "podracer" / "jax"
     _launch([*SHORT, f"--run-dir={tmp_path / 'seed0'}"], tmp_path, environ)
-    programs = _summary(tmp_path / "seed0")["compile_cache"]["misses"]
-    for name in ("seed1", "seed1-again"):
-        _launch([*SHORT, "--seed=1", f"--run-dir={tmp_path / name}"], tmp_path, environ)
+    seed0 = _summary(tmp_path / "seed0")
+    programs = seed0["compile_cache"]["misses"]
+
+    # The seed is an argument of the programs, not part of them: seed 1 reads seed 0's back.
+    _launch([*SHORT, "--seed=1", f"--run-dir={tmp_path / 'seed1'}"], tmp_path, environ)
+    seed1 = _summary(tmp_path / "seed1")
+    assert seed1["compile_cache"] == {"dir": str(cache), "hit": True, "hits": programs - 2, "misses": 0,
+                                      "read_back": 2}
+    assert seed1["params_fingerprints"] != seed0["params_fingerprints"]
+
+    # A setting in the key that leaves the programs as they were: JAX's cache answers them all.
+    # Such a program, serialized again, lacks kernels: kept, the next run read it back and failed.
+    for name in ("other", "other-again"):
+        _launch([*SHORT, "--record-episodes=3", f"--run-dir={tmp_path / name}"], tmp_path, environ)
         assert _summary(tmp_path / name)["compile_cache"] == {"dir": str(cache), "hit": True, "hits": programs,
                                                                "misses": 0, "read_back": 0}
+        assert _summary(tmp_path / name)["params_fingerprints"] == seed0["params_fingerprints"]
         assert len(_kept_whole(cache)) == 2  # seed 0's only
-    assert (_summary(tmp_path / "seed1")["params_fingerprints"]
-            == _summary(tmp_path / "seed1-again")["params_fingerprints"]
-            != _summary(tmp_path / "seed0")["params_fingerprints"])
 
 
 def test_off_compiles_everything_and_keeps_nothing(tmp_path):

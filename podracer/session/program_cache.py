@@ -9,7 +9,10 @@ program it compiles, serialized (`jax.experimental.serialize_executable`), in
 decides the program and is known before tracing:
 
 - the program's name and its arguments' structure, shapes, dtypes and shardings;
-- every setting of the run, except where it writes (`--run-dir`, `--compile-cache`);
+- every setting of the run, except those no program sees (`HOST_SETTINGS`):
+  where it writes, what it logs and checkpoints, and its seed, whose key is an
+  argument (so another `--seed` reads back the same programs; a test lowers
+  every Anakin program with each of them changed and finds it unchanged);
 - the devices and processes; JAX, jaxlib, Python, `sys.path`; every JAX option;
   the environment variables that configure JAX, XLA, accelerators and podracer.
 
@@ -20,8 +23,8 @@ same file. Any doubt (a change, a damaged entry, a failed load) means compiling
 as usual, through JAX's cache.
 
 Only a program XLA compiled in this process is kept. One that JAX's cache
-answered (the same program under other settings, such as another `--seed`)
-is not: XLA:CPU serializes such a program without some of its kernels, and
+answered (the same program under another key, from settings it does not
+depend on) is not: XLA:CPU serializes such a program without some of its kernels, and
 reading it back would fail at its first call.
 
 Anakin's drivers use it (`RunSession.compiled_init_and_step`); Sebulba's
@@ -50,8 +53,11 @@ import numpy as np
 
 PROGRAMS = "programs"  # inside the compilation cache directory
 SUFFIX = ".program"
-# Settings that say where a run writes, not what it computes.
-WHERE_SETTINGS = {("run", "run_dir"), ("run", "compile_cache")}
+# Settings no kept program depends on: where a run writes, what it checkpoints and
+# logs, and the seed (the programs take its key as an argument).
+HOST_SETTINGS = {("run", "run_dir"), ("run", "compile_cache"), ("run", "seed"),
+                 ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
+                 ("logging", "wandb"), ("logging", "wandb_project")}
 # Environment variables that can change a program or the devices it runs on.
 ENV_PREFIXES = ("JAX_", "XLA_", "TPU_", "LIBTPU", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "PODRACER_")
 LAPACK_PREFIX = "lapack_"
@@ -80,7 +86,7 @@ def key(name: str, args: tuple, configs: dict[str, Any]) -> str:
     """What decides the program `name` compiled for `args`, known without tracing it, as a hash."""
     from podracer.session.checkpoint import config_record
 
-    settings = {section: {k: v for k, v in values.items() if (section, k) not in WHERE_SETTINGS}
+    settings = {section: {k: v for k, v in values.items() if (section, k) not in HOST_SETTINGS}
                 for section, values in config_record(configs).items()}
     leaves, tree = jax.tree.flatten(args)
     arguments = [str(tree)] + [(np.shape(x), str(getattr(x, "dtype", None) or np.result_type(x)),
