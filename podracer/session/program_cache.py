@@ -45,11 +45,12 @@ import os
 import pickle
 import sys
 import tempfile
-import threading
 from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from podracer.session import startup
 
 PROGRAMS = "programs"  # inside the compilation cache directory
 SUFFIX = ".program"
@@ -61,12 +62,8 @@ HOST_SETTINGS = {("run", "run_dir"), ("run", "compile_cache"), ("run", "seed"),
 # Environment variables that can change a program or the devices it runs on.
 ENV_PREFIXES = ("JAX_", "XLA_", "TPU_", "LIBTPU", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "PODRACER_")
 LAPACK_PREFIX = "lapack_"
-JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"  # a compilation JAX's cache answered
 
 _from_command_line = False
-_compiling = threading.local()  # what the compilation under way in this thread was answered from
-_listening = False
-_lock = threading.Lock()
 
 
 def use_from_command_line() -> None:
@@ -212,26 +209,11 @@ def compiled(name: str, jitted: Callable, args: tuple, configs: dict[str, Any],
     return compile_and_keep(jitted.lower(*args), path), False
 
 
-def _on_event(event: str, **_: Any) -> None:
-    if event == JAX_CACHE_HIT:  # JAX reports it in the thread that compiles
-        _compiling.from_jax_cache = True
-
-
-def _listen() -> None:
-    global _listening
-    with _lock:
-        if not _listening:
-            jax.monitoring.register_event_listener(_on_event)
-            _listening = True
-
-
 def compile_and_keep(lowered, path: str | None):
     """`lowered` compiled, and kept at `path` (None: not kept) if XLA compiled it here."""
     if not path:
         return lowered.compile()
-    _listen()
-    _compiling.from_jax_cache = False
-    program = lowered.compile()
-    if not _compiling.from_jax_cache:
+    program, from_jax_cache = startup.compile_noting_the_cache(lowered)
+    if not from_jax_cache:
         save(path, program)
     return program

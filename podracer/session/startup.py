@@ -33,6 +33,7 @@ HITS = "/jax/compilation_cache/cache_hits"  # ... and was answered from it
 _IMPORTED = time.time()  # the fallback start of a process whose /proc cannot be read
 _lock = threading.Lock()
 _counts = {REQUESTS: 0, HITS: 0}
+_this_thread = threading.local()  # `answered`: JAX's cache answered this thread's compilation
 _listening = False
 _pending: StartUp | None = None  # begun by the caller, taken by the run's session
 
@@ -59,6 +60,8 @@ def _on_event(event: str, **_: Any) -> None:
     if event in _counts:
         with _lock:
             _counts[event] += 1
+    if event == HITS:  # JAX reports it in the thread that compiles
+        _this_thread.answered = True
 
 
 def _listen() -> None:
@@ -67,6 +70,14 @@ def _listen() -> None:
         if not _listening:
             jax.monitoring.register_event_listener(_on_event)
             _listening = True
+
+
+def compile_noting_the_cache(lowered) -> tuple[Any, bool]:
+    """`lowered` compiled, and whether JAX's persistent cache answered it (rather than XLA)."""
+    _listen()
+    _this_thread.answered = False
+    compiled = lowered.compile()
+    return compiled, _this_thread.answered
 
 
 def cache_dir() -> str | None:
