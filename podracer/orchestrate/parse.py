@@ -155,7 +155,8 @@ def _refuse_unused(given: dict[str, Any], pair: tuple[str, str]) -> None:
                                 f"threads and envpool batches act for one learner's policy; start one "
                                 f"Sebulba run per seed); drop it or use --arch=anakin")
         if not any(section in run_config.USES[pair] for section in sections):
-            raise PodracerError(f"{flag_name(name)} is a setting of the {sections[0]} section, which --arch={pair[0]} "
+            article = "an" if sections[0][0] in "aeiou" else "a"
+            raise PodracerError(f"{flag_name(name)} is {article} {sections[0]} setting, which --arch={pair[0]} "
                                 f"--algo={pair[1]} does not use; drop it")
         if name in ignored:
             raise PodracerError(f"{flag_name(name)} does not apply to --arch={pair[0]} --algo={pair[1]} "
