@@ -117,9 +117,10 @@ def test_the_settings_the_key_leaves_out_never_reach_a_program(pair):
                                                                                                "checkpoint-every"}
     changed = parse_configs([*small, *flags])
     assert program_cache.key("step", (), changed) == program_cache.key("step", (), parse_configs(small))
-    assert _lowered_programs([*small, *flags]) == _lowered_programs(small)
-    # ... where a setting in the key changes them (the comparison can fail).
-    assert _lowered_programs([*small, "--hidden", "32", "32"])[1] != _lowered_programs(small)[1]
+    programs = _lowered_programs(small)
+    assert _lowered_programs([*small, *flags]) == programs
+    if not pair:  # ... where a setting in the key changes them (the comparison can fail)
+        assert _lowered_programs([*small, "--hidden", "32", "32"])[1] != programs[1]
 
 
 def test_a_module_loaded_from_another_file_is_a_change(command_line, helper, tmp_path):
