@@ -94,6 +94,10 @@ def main(argv) -> int:
         raise PodracerError("eval --video draws feed-forward policies; this run's network is recurrent: "
                             "evaluate it without --video")
     run = run_config_of(config.run_dir)["run"]
+    if config.video:
+        from podracer.video import check_drawable
+
+        check_drawable(run["arch"], run["env"])
     returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
     returns = returns_of(act, run["env"], config.episodes, config.seed)
     print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")

@@ -10,6 +10,8 @@ one after every step (length + 1 frames).
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Callable
 
 import jax
@@ -37,12 +39,27 @@ def check_path(path: str) -> None:
         raise PodracerError("--video needs imageio: pip install -e \".[video]\"") from None
 
 
+def check_drawable(arch: str, env_id: str) -> None:
+    """Refuse, in one line, an environment `eval --video` cannot draw here, before any episode is played."""
+    if arch == "sebulba":
+        from podracer.sebulba.envs import is_atari
+
+        if not is_atari(env_id):
+            raise PodracerError(f"{env_id} cannot render: --video draws envpool's Atari frames only "
+                                f"(on Sebulba); MuJoCo and classic control ids have no frames")
+        return
+    from podracer.anakin.env import make_env
+
+    anakin_renderer(env_id, make_env(env_id))
+
+
 def anakin_renderer(env_id: str, env) -> Callable:
     """`frame(inner_state) -> [H, W, 3] uint8` for an Anakin environment, or a one-line refusal."""
     render_fn = getattr(env, "render_fn", None)
     if render_fn is not None:
         return render_fn
     if env_id in _GYMNASIUM_TWINS:
+        _check_pygame(env_id)
         import gymnasium
 
         name, state_of = _GYMNASIUM_TWINS[env_id]
@@ -56,6 +73,23 @@ def anakin_renderer(env_id: str, env) -> Callable:
         return frame
     raise PodracerError(f"{env_id} cannot render: --video draws gymnax classic control "
                         f"({', '.join(_GYMNASIUM_TWINS)}), navix, craftax and brax environments, and envpool Atari")
+
+
+def _check_pygame(env_id: str) -> None:
+    """Gymnasium draws classic control with pygame (the `video` extra installs it).
+
+    Its renderer calls `pygame.init()`, which also opens the sound card and the
+    display: on a machine without them SDL fills the console with ALSA and
+    XDG_RUNTIME_DIR errors. Frames are drawn off-screen, so unless the user
+    chose drivers, SDL gets its dummy ones.
+    """
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    try:
+        import pygame  # noqa: F401
+    except ImportError:
+        raise PodracerError(f"--video draws {env_id} with pygame, which is not installed: "
+                            f"pip install -e \".[video]\"") from None
 
 
 def label(frame: np.ndarray, text: str) -> np.ndarray:
@@ -83,7 +117,11 @@ def write(path: str, frames: list[np.ndarray], fps: int = 30) -> None:
     if path.lower().endswith(".gif"):
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     else:
-        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+        with warnings.catch_warnings():
+            # imageio starts ffmpeg with fork and exec: the child runs no Python and no JAX,
+            # so the deadlock JAX's fork warning is about cannot happen.
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
 
 
 def anakin_video(act: Callable, env_id: str, episodes: int, seed: int, path: str) -> dict:
@@ -127,12 +165,10 @@ def anakin_video(act: Callable, env_id: str, episodes: int, seed: int, path: str
 def envpool_video(act: Callable, env_id: str, episodes: int, seed: int, path: str) -> dict:
     """Atari games played one after another, one frame per envpool result (the newest stacked
     frame), life losses included; returns the games' lengths in agent steps."""
-    from podracer.sebulba.envs import EnvPoolEnvs, is_atari
+    from podracer.sebulba.envs import EnvPoolEnvs
 
     check_path(path)
-    if not is_atari(env_id):
-        raise PodracerError(f"{env_id} cannot render: --video draws envpool's Atari frames only "
-                            f"(on Sebulba); MuJoCo and classic control ids have no frames")
+    check_drawable("sebulba", env_id)
     envs = EnvPoolEnvs(env_id, 1, 1, 0, seed=seed)
     act, key = jax.jit(act), jax.random.PRNGKey(seed)
     frames, lengths, scores = [], [], []

@@ -1,6 +1,7 @@
 """`eval --video`: a file whose frame count matches the episodes' lengths; one-line refusals."""
 
 import json
+import os
 import subprocess
 
 import imageio.v2 as imageio
@@ -30,6 +31,45 @@ def test_eval_video_has_a_frame_per_state(tmp_path, capsys):
     frames = list(imageio.get_reader(path))
     assert len(frames) == written["frames"] == sum(n + 1 for n in lengths)
     assert frames[0].ndim == 3 and frames[0].shape[0] >= 160
+
+
+def test_eval_video_from_the_command_line_prints_no_console_noise_and_refuses_without_pygame(tmp_path):
+    """Gymnasium's CartPole renderer starts pygame, whose SDL reports a machine's missing sound
+    card and display on stderr, and imageio starts ffmpeg under JAX's fork warning: neither
+    reaches the console. Without pygame (not installed), a one-line refusal before any episode."""
+    run_dir = tmp_path / "run"
+    train_ppo(parse_configs(["--total-steps=2048", f"--run-dir={run_dir}"]), devices=jax.devices()[:1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SDL_")}
+    command = [PYTHON, LAUNCHER, "eval", f"--run-dir={run_dir}", "--episodes=1"]
+    proc = subprocess.run(command + [f"--video={tmp_path / 'eval.mp4'}"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["frames"] >= 2
+    for noise in ("ALSA", "XDG_RUNTIME_DIR", "os.fork()"):
+        assert noise not in proc.stderr, proc.stderr
+
+    hidden = tmp_path / "no_pygame" / "pygame"  # an import of pygame fails, as where it is not installed
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('No module named pygame')\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hidden.parent), env.get("PYTHONPATH")]))
+    proc = subprocess.run(command + [f"--video={tmp_path / 'other.mp4'}"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "pygame" in proc.stderr and 'pip install -e ".[video]"' in proc.stderr
+    assert "mean return" not in proc.stdout and not (tmp_path / "other.mp4").exists()
+
+
+def test_the_video_extra_installs_what_draws_classic_control():
+    """`pip install -e ".[video]"` is all `eval --video` of the default CartPole asks for."""
+    import re
+    import tomllib
+
+    from conftest import REPO_ROOT
+
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["video"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower() for requirement in extra}
+    assert {"imageio", "imageio-ffmpeg", "pygame"} <= names
 
 
 def test_refusals(tmp_path):
