@@ -16,8 +16,9 @@ x 128 steps, 4 epochs x 4 minibatches, 64x64 tanh MLPs, Adam 2.5e-4 annealed),
   launcher's default devices), each traced, lowered and compiled first in a
   new process (median of `--compile-rounds`, alternating), for the
   compile-time target (a population compiles in no more than one agent's time
-  plus 10%). The run rows' compile column is measured inside this process,
-  after other compilations.
+  plus 10%); the peer's one-seed and 16-seed programs the same way, for what
+  vmapping the seeds costs it. The run rows' compile column is measured inside
+  this process, after other compilations.
 
 `sps` is aggregate env steps/s (all agents) over a whole run, first call
 included; `time_to_all_solved_s` is compile time plus training time until every
@@ -116,12 +117,27 @@ def compile_s(num_seeds: int) -> float:
     return time.perf_counter() - start
 
 
-def fresh_compile_s(num_seeds: int) -> float:
-    """`compile_s` in a new process: a process's first compilation pays one-time costs
-    (0.4-0.6 s here) and later ones reuse what earlier ones built, so the one-agent
-    and population programs are each compiled first in a process of their own."""
-    out = subprocess.run([sys.executable, __file__, f"--compile-only={num_seeds}"], check=True,
-                         capture_output=True, text=True).stdout
+def peer_compile_s(num_seeds: int) -> float:
+    """Seconds to trace, lower and compile the peer's training program: jitted as it is for
+    one seed, its `jax.vmap` over the seeds' keys otherwise, as the single-file PPO does."""
+    import peer_purejaxrl
+
+    train = peer_purejaxrl.make_train(peer_purejaxrl.REFERENCE_CONFIG)
+    key = jax.random.PRNGKey(0)
+    train, keys = (jax.jit(train), key) if num_seeds == 1 else (
+        jax.jit(jax.vmap(train)), jax.random.split(key, num_seeds))
+    jax.jit(lambda k: k + 1)(key).block_until_ready()  # the process's first compilation, as ours has init's
+    start = time.perf_counter()
+    train.lower(keys).compile()
+    return time.perf_counter() - start
+
+
+def fresh_compile_s(num_seeds: int, of_peer: bool = False) -> float:
+    """`compile_s` (or `peer_compile_s`) in a new process: a process's first compilation pays
+    one-time costs (0.4-0.6 s here) and later ones reuse what earlier ones built, so the
+    one-agent and population programs are each compiled first in a process of their own."""
+    flags = [f"--compile-only={num_seeds}"] + (["--peer"] if of_peer else [])
+    out = subprocess.run([sys.executable, __file__, *flags], check=True, capture_output=True, text=True).stdout
     return json.loads(out.splitlines()[-1])["compile_s"]
 
 
@@ -133,19 +149,23 @@ def main():
     parser.add_argument("--compile-rounds", type=int, default=3,
                         help="alternating fresh-process compilations of one agent and of the population")
     parser.add_argument("--compile-only", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # The launcher's device split, made as it makes it: before JAX's backend starts.
-    split = launcher_devices(args.compile_only or SEEDS)
+    split = 1 if args.peer else launcher_devices(args.compile_only or SEEDS)
     if split > 1:
         jax.config.update("jax_num_cpu_devices", split)
     if args.compile_only:  # a child of fresh_compile_s
-        print(json.dumps({"compile_s": compile_s(args.compile_only)}))
+        of = peer_compile_s if args.peer else compile_s
+        print(json.dumps({"compile_s": of(args.compile_only)}))
         return
-    fresh = {1: [], SEEDS: []}
+    # The peer's own one-seed and 16-seed programs too: what vmapping the seeds costs it.
+    fresh = {(n, of_peer): [] for of_peer in (False, True) for n in (1, SEEDS)}
     for _ in range(args.compile_rounds):
-        for n in fresh:
-            fresh[n].append(fresh_compile_s(n))
-    single_compile, population_compile = (statistics.median(fresh[n]) for n in (1, SEEDS))
+        for n, of_peer in fresh:
+            fresh[n, of_peer].append(fresh_compile_s(n, of_peer))
+    single_compile, population_compile, peer_single_compile, peer_population_compile = (
+        statistics.median(fresh[key]) for key in ((1, False), (SEEDS, False), (1, True), (SEEDS, True)))
     runs = {"default": [], "one": [], "peer": []}
     for _ in range(args.repeats):  # alternate so all see the same machine noise
         runs["default"].append(ours(SEEDS, jax.devices()))
@@ -168,6 +188,8 @@ def main():
         rows.append(row(f"podracer 256 agents, {devices(split)} (2 calls of 16 updates)", big))
     rows.append(("podracer 16 agents: compile only, new process", "-", "-", fmt(population_compile), "-", "-"))
     rows.append(("podracer one agent: compile only, new process", "-", "-", fmt(single_compile), "-", "-"))
+    rows.append(("peer 16 seeds: compile only, new process", "-", "-", fmt(peer_population_compile), "-", "-"))
+    rows.append(("peer one seed: compile only, new process", "-", "-", fmt(peer_single_compile), "-", "-"))
     result = {"bench": "population", "env": "CartPole-v1", "seeds": SEEDS, "devices": split,
               "sps": o["sps"], "peer_sps": p["sps"], "ratio_to_peer": o["sps"] / p["sps"],
               "sps_one_device": one["sps"], "ratio_one_device_to_peer": one["sps"] / p["sps"],
@@ -176,6 +198,8 @@ def main():
               "compile_s": o["compile_s"], "peer_compile_s": p["compile_s"],
               "fresh_compile_s": population_compile, "one_seed_compile_s": single_compile,
               "compile_ratio_to_one_seed": population_compile / single_compile,
+              "peer_fresh_compile_s": peer_population_compile, "peer_one_seed_compile_s": peer_single_compile,
+              "peer_compile_ratio_to_one_seed": peer_population_compile / peer_single_compile,
               "time_to_all_solved_s": o["time_to_all_solved_s"],
               "peer_time_to_all_solved_s": p["time_to_all_solved_s"],
               "solved": o["solved"], "peer_solved": p["solved"],
