@@ -29,6 +29,29 @@ def helper(tmp_path, monkeypatch):
     sys.modules.pop("kept_helper", None)
 
 
+@pytest.fixture
+def jax_cache_off():
+    """JAX's persistent cache off while the test runs, so that XLA compiles each program here.
+
+    A program JAX's cache answers is not kept whole (`program_cache.compile_and_keep`):
+    with the cache on, whether a test's program is kept would depend on what earlier
+    tests of the same process compiled, and on whether one of them made JAX cache
+    programs as small as these (`compile_cache.configure`).
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from podracer.orchestrate import compile_cache
+
+    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
+             "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+    before = {name: getattr(jax.config, name) for name in names}
+    compile_cache.configure(None)
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
 def _kept(cache):
     folder = cache / program_cache.PROGRAMS
     return sorted(folder.iterdir()) if folder.exists() else []
@@ -38,7 +61,8 @@ def _compiled(name, fn, args, cache, configs=None):
     return program_cache.compiled(name, jax.jit(fn), args, configs or {}, str(cache))
 
 
-def test_a_kept_program_is_read_back_until_a_file_it_was_made_from_changes(command_line, helper, tmp_path):
+def test_a_kept_program_is_read_back_until_a_file_it_was_made_from_changes(command_line, jax_cache_off, helper,
+                                                                            tmp_path):
     x = jnp.arange(4.0)
     cache = tmp_path / "cache"
     program, read_back = _compiled("scale", lambda v: helper.scale(v) + 1, (x,), cache)
@@ -131,7 +155,7 @@ def test_a_module_loaded_from_another_file_is_a_change(command_line, helper, tmp
     assert not program_cache.unchanged(moved)
 
 
-def test_a_damaged_entry_is_compiled_anew_and_replaced(command_line, tmp_path):
+def test_a_damaged_entry_is_compiled_anew_and_replaced(command_line, jax_cache_off, tmp_path):
     x = jnp.arange(3.0)
     cache = tmp_path / "cache"
     _compiled("double", lambda v: v * 2, (x,), cache)
@@ -143,7 +167,7 @@ def test_a_damaged_entry_is_compiled_anew_and_replaced(command_line, tmp_path):
     assert _compiled("double", lambda v: v * 2, (x,), cache)[1]
 
 
-def test_a_program_calling_out_of_xla_is_not_kept_and_lapack_is(command_line, tmp_path):
+def test_a_program_calling_out_of_xla_is_not_kept_and_lapack_is(command_line, jax_cache_off, tmp_path):
     x = jnp.arange(4.0)
     cache = tmp_path / "cache"
     host = lambda v: jax.pure_callback(lambda a: np.asarray(a) + 1, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
