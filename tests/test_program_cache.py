@@ -1,5 +1,6 @@
 """The program cache: compiled programs kept whole and read back only while nothing that made them changed."""
 
+import contextlib
 import importlib
 import os
 import sys
@@ -29,6 +30,25 @@ def helper(tmp_path, monkeypatch):
     sys.modules.pop("kept_helper", None)
 
 
+@contextlib.contextmanager
+def _jax_cache(path):
+    """JAX's persistent cache at `path` (None: off), as a run sets it, for the `with` block."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from podracer.orchestrate import compile_cache
+
+    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
+             "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+    before = {name: getattr(jax.config, name) for name in names}
+    compile_cache.configure(path)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
 @pytest.fixture
 def jax_cache_off():
     """JAX's persistent cache off while the test runs, so that XLA compiles each program here.
@@ -38,18 +58,15 @@ def jax_cache_off():
     tests of the same process compiled, and on whether one of them made JAX cache
     programs as small as these (`compile_cache.configure`).
     """
-    from jax.experimental.compilation_cache import compilation_cache
+    with _jax_cache(None):
+        yield
 
-    from podracer.orchestrate import compile_cache
 
-    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
-             "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    compile_cache.configure(None)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
+@pytest.fixture
+def jax_cache_answering(tmp_path):
+    """JAX's persistent cache on, in a directory of the test's own, keeping every program."""
+    with _jax_cache(str(tmp_path / "jax-cache")):
+        yield
 
 
 def _kept(cache):
@@ -153,6 +170,36 @@ def test_a_module_loaded_from_another_file_is_a_change(command_line, helper, tmp
     moved = [(name, path + "x" if name == "kept_helper" else path, size, mtime)
              for name, path, size, mtime in files]
     assert not program_cache.unchanged(moved)
+
+
+def test_a_file_changed_under_a_program_left_as_it_was_has_the_program_kept_again(command_line,
+                                                                                  jax_cache_answering,
+                                                                                  helper, tmp_path):
+    """An edit that leaves the program as it was (here the helper's file touched): JAX's cache
+    answers its compilation, which is not kept; the kept program is, with the file as it is now."""
+    x = jnp.arange(4.0)
+    cache = tmp_path / "cache"
+    fn = lambda v: helper.scale(v) + 1
+    assert not _compiled("scale", fn, (x,), cache)[1] and len(_kept(cache)) == 1
+    path = tmp_path / "kept_helper.py"
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    jax.clear_caches()  # as in a new process: JAX's persistent cache answers, not its memory
+    program, read_back = _compiled("scale", fn, (x,), cache)
+    assert not read_back  # stale: traced and lowered again ...
+    np.testing.assert_array_equal(program(x), x * 2 + 1)
+    program, read_back = _compiled("scale", fn, (x,), cache)
+    assert read_back  # ... and kept again, with the file as it is now
+    np.testing.assert_array_equal(program(x), x * 2 + 1)
+
+
+def test_the_fingerprint_renewing_a_program_covers_its_text_and_compiler_options():
+    x = jnp.arange(4.0)
+    lowered = lambda fn, **options: jax.jit(fn, compiler_options=options or None).lower(x)
+    double = program_cache.fingerprint(lowered(lambda v: v * 2))
+    assert double is not None and double == program_cache.fingerprint(lowered(lambda v: v * 2))
+    assert double != program_cache.fingerprint(lowered(lambda v: v * 3))
+    assert double != program_cache.fingerprint(lowered(lambda v: v * 2, xla_backend_optimization_level=1))
 
 
 def test_a_damaged_entry_is_compiled_anew_and_replaced(command_line, jax_cache_off, tmp_path):

@@ -25,7 +25,10 @@ as usual, through JAX's cache.
 Only a program XLA compiled in this process is kept. One that JAX's cache
 answered (the same program under another key, from settings it does not
 depend on) is not: XLA:CPU serializes such a program without some of its kernels, and
-reading it back would fail at its first call.
+reading it back would fail at its first call. An entry made stale by an edit
+that leaves its program as it was (the lowered text and compiler options, whose
+hash each entry holds) is kept again, with its own serialized program, before
+JAX's cache is asked (`renew`).
 
 Anakin's drivers use it (`RunSession.compiled_init_and_step`); Sebulba's
 actor and learner programs are compiled by their first calls, through JAX's
@@ -150,36 +153,85 @@ def _set_up_lapack() -> bool:
     return True
 
 
-def load(path: str):
-    """The program kept at `path`, or None (none, damaged, stale, or not loadable here)."""
+def _read(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:  # a cache entry never fails a run: a damaged one is compiled anew
+        return None
+
+
+def _loaded(entry: dict):
+    """The program of `entry`, or None if it cannot be loaded here."""
     from jax.experimental import serialize_executable
 
     try:
-        with open(path, "rb") as f:
-            entry = pickle.load(f)
-        if not unchanged(entry["files"]):
-            return None
         if entry["lapack"] and not _set_up_lapack():
             return None
         by_id = {device.id: device for device in jax.devices()}
         return serialize_executable.deserialize_and_load(
             *entry["program"], execution_devices=[by_id[i] for i in entry["devices"]])
-    except Exception:  # a cache entry never fails a run: a damaged or foreign one is compiled anew
+    except Exception:  # a foreign or damaged entry is compiled anew
         return None
 
 
-def save(path: str, compiled) -> bool:
-    """Keep `compiled` at `path` (written whole, then renamed); False if it cannot be kept."""
+def load(path: str):
+    """The program kept at `path`, or None (none, damaged, stale, or not loadable here)."""
+    entry = _read(path)
+    if entry is None or not unchanged(entry.get("files", [])):
+        return None
+    return _loaded(entry)
+
+
+def fingerprint(lowered) -> str | None:
+    """What XLA compiles from `lowered`: its program text and the compiler options given to
+    its `jax.jit`, as a hash; None where this JAX does not tell the options."""
+    options = getattr(getattr(lowered, "_lowering", None), "_compiler_options_kvs", None)
+    if options is None:
+        return None
+    text = lowered.as_text() + repr(sorted(options))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def renew(path: str, program_fingerprint: str | None):
+    """The program kept at `path` though files it was made from changed, if the lowered program
+    is still the one it was compiled from (`fingerprint`); kept again with today's files.
+
+    After an edit that leaves a program as it was (a `git pull` of unrelated code),
+    JAX's cache answers its compilation, and such a program is not kept (module
+    docstring): without this the entry would stay stale, and every later run would
+    trace and lower it again. The entry's own serialized program, written by the
+    process XLA compiled it in, is what is kept again.
+    """
+    entry = _read(path)
+    if program_fingerprint is None or entry is None or entry.get("module") != program_fingerprint:
+        return None
+    program = _loaded(entry)
+    if program is not None:
+        _write(path, dict(entry, files=module_files()))
+    return program
+
+
+def save(path: str, compiled, program_fingerprint: str | None = None) -> bool:
+    """Keep `compiled` (its lowered program's `fingerprint`) at `path`; False if it cannot be kept."""
     from jax.experimental import serialize_executable
 
     calls = _calls_out(compiled)
     if any(not call.startswith(LAPACK_PREFIX) for call in calls):
         return False
-    temporary = None
     try:
-        entry = {"files": module_files(), "lapack": bool(calls),
+        entry = {"files": module_files(), "lapack": bool(calls), "module": program_fingerprint,
                  "devices": [device.id for device in compiled._executable._unloaded_executable.device_list],
                  "program": serialize_executable.serialize(compiled)}
+    except Exception:  # a program that cannot be kept is compiled again next time
+        return False
+    return _write(path, entry)
+
+
+def _write(path: str, entry: dict) -> bool:
+    """`entry` at `path`, written whole, then renamed; False if it cannot be."""
+    temporary = None
+    try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
@@ -210,10 +262,15 @@ def compiled(name: str, jitted: Callable, args: tuple, configs: dict[str, Any],
 
 
 def compile_and_keep(lowered, path: str | None):
-    """`lowered` compiled, and kept at `path` (None: not kept) if XLA compiled it here."""
+    """`lowered` compiled, and kept at `path` (None: not kept) if XLA compiled it here;
+    the program kept there instead, if `lowered` is the program it was compiled from (`renew`)."""
     if not path:
         return lowered.compile()
+    program_fingerprint = fingerprint(lowered)
+    program = renew(path, program_fingerprint)
+    if program is not None:
+        return program
     program, from_jax_cache = startup.compile_noting_the_cache(lowered)
     if not from_jax_cache:
-        save(path, program)
+        save(path, program, program_fingerprint)
     return program
