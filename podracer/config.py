@@ -73,7 +73,7 @@ class RunConfig:
     seed: int = bounded(0, NON_NEGATIVE)
     """Random seed; the same seed and global sizes give the same run on any device count."""
     total_steps: int = bounded(500_000, POSITIVE)
-    """Environment steps to train for (over every device)."""
+    """Environment steps to train for (over every device), rounded up to what a run trains at once: Anakin's whole calls (--updates-per-call updates of --num-envs x --rollout-len steps; ES: --generations-per-call generations), Sebulba's whole updates or ES generations. The progress line's total is the count trained."""
     run_dir: str = ""
     """Where the run's outputs go (metrics.jsonl, summary.json, tensorboard/, checkpoints/). Default: a new directory runs/ARCH-ALGO-ENV-YYYYmmdd-HHMMSS, and runs/latest links to the newest. A directory that holds a checkpoint RESUMES from it: run the same command with the same --run-dir after a preemption, a crash or Ctrl-C (--total-steps may grow; other settings must match). A finished run's directory is reported and left unchanged. May be gs://BUCKET/PATH (pip install 'podracer-rl[gcs]'; name it yourself, runs/latest is local only)."""
     cpu_devices: int = bounded(0, NON_NEGATIVE)
