@@ -214,6 +214,19 @@ def test_a_damaged_entry_is_compiled_anew_and_replaced(command_line, jax_cache_o
     assert _compiled("double", lambda v: v * 2, (x,), cache)[1]
 
 
+def test_an_entry_that_does_not_list_its_files_is_not_read_back(command_line, jax_cache_off, tmp_path):
+    import pickle
+
+    x = jnp.arange(3.0)
+    cache = tmp_path / "cache"
+    _compiled("double", lambda v: v * 2, (x,), cache)
+    [entry] = _kept(cache)
+    assert _compiled("double", lambda v: v * 2, (x,), cache)[1]
+    kept = pickle.loads(entry.read_bytes())
+    entry.write_bytes(pickle.dumps({k: v for k, v in kept.items() if k != "files"}))
+    assert not program_cache.load(str(entry))
+
+
 def test_a_program_calling_out_of_xla_is_not_kept_and_lapack_is(command_line, jax_cache_off, tmp_path):
     x = jnp.arange(4.0)
     cache = tmp_path / "cache"

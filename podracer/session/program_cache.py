@@ -178,7 +178,8 @@ def _loaded(entry: dict):
 def load(path: str):
     """The program kept at `path`, or None (none, damaged, stale, or not loadable here)."""
     entry = _read(path)
-    if entry is None or not unchanged(entry.get("files", [])):
+    files = entry.get("files") if isinstance(entry, dict) else None
+    if files is None or not unchanged(files):  # an entry that does not list its files is never fresh
         return None
     return _loaded(entry)
 
@@ -204,7 +205,7 @@ def renew(path: str, program_fingerprint: str | None):
     process XLA compiled it in, is what is kept again.
     """
     entry = _read(path)
-    if program_fingerprint is None or entry is None or entry.get("module") != program_fingerprint:
+    if program_fingerprint is None or not isinstance(entry, dict) or entry.get("module") != program_fingerprint:
         return None
     program = _loaded(entry)
     if program is not None:
