@@ -110,6 +110,7 @@ class _Worker:
     environment: dict
     process: subprocess.Popen | None = None
     boots: int = 0
+    rebooting: bool = False  # between its shutdown and its next boot: down, not stopped
 
     def start(self) -> None:
         script = self.metadata.attributes.get("startup-script")
@@ -300,8 +301,12 @@ class EmulatedPod:
     def reboot(self, node: str, worker: int, grace_s: float | None = None) -> None:
         """Worker `worker` shuts down (as `preempt`) and boots again: same disk, same metadata."""
         target = self._node(node).workers[worker]
-        target.stop(self.grace_s if grace_s is None else grace_s)
-        target.start()
+        target.rebooting = True
+        try:
+            target.stop(self.grace_s if grace_s is None else grace_s)
+            target.start()
+        finally:
+            target.rebooting = False
 
     def set_state(self, node: str, state) -> None:
         """The node's state from now on (its scripted states dropped)."""
@@ -323,6 +328,10 @@ class EmulatedPod:
             return value if value is not None and value.startswith(phase) else None
 
         def running():
+            # A node is listed (`runs`) just before its workers boot, and a rebooting worker
+            # is down for a while: neither has stopped.
+            if target.process is None or target.rebooting:
+                return
             if not target.alive() and not reached():
                 raise AssertionError(
                     f"worker {worker} of {node} stopped at {self.phase(node, worker)!r} before "
