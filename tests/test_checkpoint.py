@@ -181,3 +181,23 @@ def test_a_signal_delivered_twice_is_one_request():
         with pytest.raises(KeyboardInterrupt):  # a user who insists
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
+
+
+def test_a_checkpoint_of_another_pair_is_refused_by_naming_the_pair_alone():
+    from podracer.config import used_configs
+    from podracer.orchestrate.parse import parse_configs
+    from podracer.session.checkpoint import config_differences, config_record
+
+    def record(*argv):
+        return config_record(used_configs(parse_configs(list(argv))))
+
+    sebulba_es = record("--arch=sebulba", "--algo=es")
+    # Each pair reads sections of its own; what sets them apart is the pair, said alone.
+    assert config_differences(sebulba_es, record("--arch=anakin", "--algo=impala")) == [
+        "--arch ('sebulba' saved, 'anakin' now)", "--algo ('es' saved, 'impala' now)"]
+    assert config_differences(sebulba_es, record("--arch=sebulba", "--algo=ppo")) == [
+        "--algo ('es' saved, 'ppo' now)"]
+    # Within a pair, every setting that differs is named.
+    assert config_differences(sebulba_es, record("--arch=sebulba", "--algo=es", "--sigma=0.1",
+                                                 "--population=128")) == [
+        "--population (64 saved, 128 now)", "--sigma (0.05 saved, 0.1 now)"]

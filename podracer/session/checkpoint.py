@@ -77,7 +77,16 @@ ADDED_SETTINGS = {("network", "network"): "mlp"}
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-    """`--flag` names whose values differ in ways a resumed run cannot absorb."""
+    """`--flag` names whose values differ in ways a resumed run cannot absorb.
+
+    Another architecture or algorithm is said alone: the two pairs read other
+    sections, so listing every setting either one has would bury what differs.
+    """
+    pair = [f"--{name} ({saved.get('run', {}).get(name)!r} saved, {current.get('run', {}).get(name)!r} now)"
+            for name in ("arch", "algo")
+            if "run" in saved and "run" in current and saved["run"].get(name) != current["run"].get(name)]
+    if pair:
+        return pair
     differing = []
     for section in sorted(set(saved) | set(current)):
         old, new = saved.get(section, {}), current.get(section, {})
