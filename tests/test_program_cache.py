@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from podracer.config import RunConfig
 from podracer.session import program_cache
 
 
@@ -70,8 +71,8 @@ def jax_cache_answering(tmp_path):
 
 
 def _kept(cache):
-    folder = cache / program_cache.PROGRAMS
-    return sorted(folder.iterdir()) if folder.exists() else []
+    """The entries kept, by key."""
+    return sorted((cache / program_cache.PROGRAMS).glob("*" + program_cache.SUFFIX))
 
 
 def _compiled(name, fn, args, cache, configs=None):
@@ -191,6 +192,33 @@ def test_a_file_changed_under_a_program_left_as_it_was_has_the_program_kept_agai
     program, read_back = _compiled("scale", fn, (x,), cache)
     assert read_back  # ... and kept again, with the file as it is now
     np.testing.assert_array_equal(program(x), x * 2 + 1)
+
+
+def test_a_program_kept_for_other_settings_is_kept_for_these_too(command_line, jax_cache_answering, tmp_path):
+    """The same program under another key (a setting it does not depend on): JAX's cache answers
+    its compilation, which is not kept; the program the other key kept is, under this key too."""
+    x = jnp.arange(4.0)
+    cache = tmp_path / "cache"
+    configs = lambda steps: {"run": RunConfig(total_steps=steps)}
+    fn = lambda v: (v * 2 + 1,)
+    assert not _compiled("step", fn, (x,), cache, configs(1000))[1] and len(_kept(cache)) == 1
+    jax.clear_caches()  # as in a new process: JAX's persistent cache answers, not its memory
+    program, read_back = _compiled("step", fn, (x,), cache, configs(2000))
+    assert not read_back and len(_kept(cache)) == 2  # traced and lowered, and kept ...
+    np.testing.assert_array_equal(program(x)[0], x * 2 + 1)
+    [by_program] = (cache / program_cache.PROGRAMS / program_cache.BY_PROGRAM).iterdir()
+    assert any(os.path.samefile(by_program, entry) for entry in _kept(cache))  # ... (a link, no copy)
+    program, read_back = _compiled("step", fn, (x,), cache, configs(2000))
+    assert read_back
+    np.testing.assert_array_equal(program(x)[0], x * 2 + 1)
+    # The same text returning another structure is another program (its results would be
+    # unflattened wrongly), and so is other text.
+    jax.clear_caches()
+    program, _ = _compiled("step", lambda v: (v * 2 + 1, None), (x,), cache, configs(3000))
+    assert len(program(x)) == 2 and program(x)[1] is None
+    jax.clear_caches()
+    program, _ = _compiled("step", lambda v: (v * 3 + 1,), (x,), cache, configs(4000))
+    np.testing.assert_array_equal(program(x)[0], x * 3 + 1)
 
 
 def test_the_fingerprint_renewing_a_program_covers_its_text_and_compiler_options():

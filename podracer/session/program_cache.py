@@ -25,10 +25,12 @@ as usual, through JAX's cache.
 Only a program XLA compiled in this process is kept. One that JAX's cache
 answered (the same program under another key, from settings it does not
 depend on) is not: XLA:CPU serializes such a program without some of its kernels, and
-reading it back would fail at its first call. An entry made stale by an edit
-that leaves its program as it was (the lowered text and compiler options, whose
-hash each entry holds) is kept again, with its own serialized program, before
-JAX's cache is asked (`renew`).
+reading it back would fail at its first call. Instead, before JAX's cache is
+asked, a program XLA compiled in an earlier run is kept again (`renew`): an
+entry made stale by an edit that leaves its program as it was (the lowered
+text and compiler options, whose hash each entry holds), or one kept under
+another key for the same program (another `--total-steps`), which every entry
+is also found by (`by-program/`, hard links named by `program_id`).
 
 Anakin's drivers use it (`RunSession.compiled_init_and_step`); Sebulba's
 actor and learner programs are compiled by their first calls, through JAX's
@@ -56,6 +58,7 @@ import numpy as np
 from podracer.session import startup
 
 PROGRAMS = "programs"  # inside the compilation cache directory
+BY_PROGRAM = "by-program"  # inside PROGRAMS: the same entries, named by what XLA compiled (`program_id`)
 SUFFIX = ".program"
 # Settings no kept program depends on: where a run writes, what it checkpoints and
 # logs, and the seed (the programs take its key as an argument).
@@ -92,10 +95,14 @@ def key(name: str, args: tuple, configs: dict[str, Any]) -> str:
     arguments = [str(tree)] + [(np.shape(x), str(getattr(x, "dtype", None) or np.result_type(x)),
                                 bool(getattr(x, "weak_type", False)),
                                 str(getattr(x, "sharding", None))) for x in leaves]
+    return _hash({"name": name, "settings": settings, "arguments": arguments, **_surroundings()})
+
+
+def _surroundings() -> dict:
+    """What decides a compiled program besides its own text: devices, versions, options, variables."""
     import jaxlib
 
-    parts = {
-        "name": name, "settings": settings, "arguments": arguments,
+    return {
         "devices": [(d.platform, d.device_kind, d.id, d.process_index) for d in jax.devices()],
         "processes": (jax.process_count(), jax.process_index()),
         "versions": (jax.__version__, jaxlib.__version__, sys.version, sys.executable),
@@ -103,6 +110,9 @@ def key(name: str, args: tuple, configs: dict[str, Any]) -> str:
         "jax_options": sorted((k, repr(v)) for k, v in jax.config.values.items()),
         "environment": sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)),
     }
+
+
+def _hash(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
 
@@ -194,27 +204,64 @@ def fingerprint(lowered) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def renew(path: str, program_fingerprint: str | None):
-    """The program kept at `path` though files it was made from changed, if the lowered program
-    is still the one it was compiled from (`fingerprint`); kept again with today's files.
+def program_id(lowered, program_fingerprint: str | None) -> str | None:
+    """The name of a kept program by what XLA compiled, whatever run it was compiled for: its
+    `fingerprint`, its arguments' and results' structure and `_surroundings`; None without one."""
+    if program_fingerprint is None:
+        return None
+    return _hash({"module": program_fingerprint, "trees": (str(lowered.in_tree), str(lowered.out_tree)),
+                  **_surroundings()})
+
+
+def renew(path: str, program_fingerprint: str | None, same_program: str | None = None):
+    """The program kept at `path` though files it was made from changed, or kept for another
+    key (`same_program`: the `by_program` path of its `program_id`), if the lowered program is
+    the one it was compiled from (`fingerprint`); kept again at `path` with today's files.
 
     After an edit that leaves a program as it was (a `git pull` of unrelated code),
-    JAX's cache answers its compilation, and such a program is not kept (module
-    docstring): without this the entry would stay stale, and every later run would
-    trace and lower it again. The entry's own serialized program, written by the
-    process XLA compiled it in, is what is kept again.
+    or under settings it does not depend on (another `--total-steps`), JAX's cache
+    answers its compilation, and such a program is not kept (module docstring):
+    without this the entry would stay stale, or never be made, and every later run
+    would trace and lower it again. A serialized program written by the process
+    XLA compiled it in is what is kept again.
     """
-    entry = _read(path)
-    if program_fingerprint is None or not isinstance(entry, dict) or entry.get("module") != program_fingerprint:
+    for candidate in (path, same_program):
+        entry = _read(candidate) if candidate else None
+        if program_fingerprint is not None and isinstance(entry, dict) and entry.get("module") == program_fingerprint:
+            program = _loaded(entry)
+            if program is not None:
+                if _write(path, dict(entry, files=module_files())):
+                    _link(path, same_program)
+                return program
+    return None
+
+
+def by_program(path: str, identity: str | None) -> str | None:
+    """Where the entry at `path` is also found by its `program_id` (`identity`); None without one."""
+    if identity is None:
         return None
-    program = _loaded(entry)
-    if program is not None:
-        _write(path, dict(entry, files=module_files()))
-    return program
+    return os.path.join(os.path.dirname(path), BY_PROGRAM, identity + SUFFIX)
 
 
-def save(path: str, compiled, program_fingerprint: str | None = None) -> bool:
-    """Keep `compiled` (its lowered program's `fingerprint`) at `path`; False if it cannot be kept."""
+def _link(path: str, same_program: str | None) -> None:
+    """`same_program` names the entry at `path` too (a hard link: its bytes are stored once)."""
+    if same_program is None:
+        return
+    temporary = f"{same_program}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(same_program), exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        os.link(path, temporary)
+        os.replace(temporary, same_program)
+    except OSError:  # no hard links here: the program is found by its key only
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+
+
+def save(path: str, compiled, program_fingerprint: str | None = None, same_program: str | None = None) -> bool:
+    """Keep `compiled` (its lowered program's `fingerprint`) at `path`, found by `same_program`
+    too (`by_program`); False if it cannot be kept."""
     from jax.experimental import serialize_executable
 
     calls = _calls_out(compiled)
@@ -226,7 +273,10 @@ def save(path: str, compiled, program_fingerprint: str | None = None) -> bool:
                  "program": serialize_executable.serialize(compiled)}
     except Exception:  # a program that cannot be kept is compiled again next time
         return False
-    return _write(path, entry)
+    if not _write(path, entry):
+        return False
+    _link(path, same_program)
+    return True
 
 
 def _write(path: str, entry: dict) -> bool:
@@ -268,10 +318,11 @@ def compile_and_keep(lowered, path: str | None):
     if not path:
         return lowered.compile()
     program_fingerprint = fingerprint(lowered)
-    program = renew(path, program_fingerprint)
+    same_program = by_program(path, program_id(lowered, program_fingerprint))
+    program = renew(path, program_fingerprint, same_program)
     if program is not None:
         return program
     program, from_jax_cache = startup.compile_noting_the_cache(lowered)
     if not from_jax_cache:
-        save(path, program, program_fingerprint)
+        save(path, program, program_fingerprint, same_program)
     return program
