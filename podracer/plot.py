@@ -11,6 +11,11 @@ Each run's headline curve (solid, with the band) is its key result: for PPO the
 mean episode return (`episode_return_mean`), for evolution strategies the
 return of the mean parameters (`mean_params_return`), with the population's
 mean fitness (`episode_return_mean`) beside it, thin and dashed.
+
+A population run (`--num-seeds`, `--sweep`) draws each agent thinly and the IQM
+over agents with its 95% bootstrap CI band: one IQM and band per setting of a
+finished sweep (its `summary.json` names each agent's setting), so that a
+setting's curve is never averaged with another's.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from podracer.session.logger import read_rows
 
 def _rows(run_dir: str) -> list[dict[str, Any]]:
     if not storage.exists(storage.join(run_dir, "metrics.jsonl")):
-        raise PodracerError(f"{run_dir} has no metrics.jsonl; pass the --run-dir of a run")
+        raise PodracerError(f"{run_dir} has no metrics.jsonl; pass the directory of a run")
     return read_rows(run_dir)
 
 
@@ -137,33 +142,61 @@ def _band(curves: list[dict[str, np.ndarray]], x_key: str, y_key: str):
     return grid, ys.mean(0), ys.min(0), ys.max(0)
 
 
-def read_population(run_dir: str, key: str) -> dict[str, np.ndarray]:
-    """A population run's curves: `agents` [A, rows] of `key` (NaN where none), `iqm`, `low`, `high`."""
+def _settings(run_dir: str, num_agents: int) -> list[tuple[str | None, list[int]]]:
+    """(setting, its agents) of a sweep whose summary names them; else (None, every agent)."""
+    from podracer import population
+
+    by_setting: dict[str, list[int]] = {}
+    for agent in _summary(run_dir).get("agents") or []:
+        by_setting.setdefault(population.setting_label(agent["settings"]), []).append(agent["agent"])
+    if len(by_setting) < 2 or sorted(sum(by_setting.values(), [])) != list(range(num_agents)):
+        return [(None, list(range(num_agents)))]
+    return list(by_setting.items())
+
+
+def read_population(run_dir: str, key: str) -> list[dict[str, Any]]:
+    """A population run's curves, one dict per setting (`_settings`): its `setting` (None: every
+    agent), `agents` [A, rows] of `key` (NaN where none), their `iqm`, its CI `low` and `high`."""
+    from podracer import population
+
     rows = [row for row in _rows(run_dir) if isinstance(row.get("agents"), list)]
     value = lambda v: np.nan if v is None else v
-    ci = [row.get(f"{key}_iqm_ci") or [None, None] for row in rows]
-    return {"env_steps": np.asarray([row["env_steps"] for row in rows], float),
-            "wall_s": np.asarray([row.get("wall_s", np.nan) for row in rows], float),
-            "agents": np.asarray([[value(a.get(key)) for a in row["agents"]] for row in rows], float).T,
-            "iqm": np.asarray([value(row.get(f"{key}_iqm")) for row in rows], float),
-            "low": np.asarray([value(c[0]) for c in ci], float),
-            "high": np.asarray([value(c[1]) for c in ci], float)}
+    scores = np.asarray([[value(a.get(key)) for a in row["agents"]] for row in rows], float).T
+    x = {"env_steps": np.asarray([row["env_steps"] for row in rows], float),
+         "wall_s": np.asarray([row.get("wall_s", np.nan) for row in rows], float)}
+    groups = []
+    for setting, agents in _settings(run_dir, len(scores)):
+        if setting is None:  # the rows' own aggregate, over every agent
+            stats = [{"iqm": row.get(f"{key}_iqm"), "iqm_ci": row.get(f"{key}_iqm_ci")} for row in rows]
+        else:
+            stats = [population.aggregate([None if np.isnan(v) else v for v in column], [0] * len(agents))
+                     for column in scores[agents].T]
+        ci = [s["iqm_ci"] or [None, None] for s in stats]
+        groups.append({**x, "setting": setting, "agents": scores[agents],
+                       "iqm": np.asarray([value(s["iqm"]) for s in stats], float),
+                       "low": np.asarray([value(c[0]) for c in ci], float),
+                       "high": np.asarray([value(c[1]) for c in ci], float)})
+    return groups
 
 
 def _population(axes, run_dir: str, headline: Curve, y_label: str) -> None:
-    """Each agent of a population thinly, and the IQM over agents with its 95% bootstrap CI band."""
-    curves = read_population(run_dir, headline.y_key)
-    for ax, x_key, x_label in ((axes[0], "env_steps", "environment steps"),
-                               (axes[1], "wall_s", "wall time (s)")):
-        x = curves[x_key]
-        (line,) = ax.plot(x, curves["iqm"], linewidth=2,
-                          label=f"{headline.label}: IQM of {len(curves['agents'])} agents, 95% CI")
-        ax.fill_between(x, curves["low"], curves["high"], color=line.get_color(), alpha=0.25)
-        for agent in curves["agents"]:
-            ax.plot(x, agent, color=line.get_color(), linewidth=0.5, alpha=0.4)
-        ax.set_xlabel(x_label)
-        ax.set_ylabel(y_label)
-        ax.grid(alpha=0.3)
+    """Each agent of a population thinly, and the IQM over agents with its 95% bootstrap CI band
+    (per setting of a sweep)."""
+    for curves in read_population(run_dir, headline.y_key):
+        setting = f" {curves['setting']}" if curves["setting"] else ""
+        label = f"{headline.label}:{setting} IQM of {len(curves['agents'])} agents, 95% CI"
+        color = None
+        for ax, x_key, x_label in ((axes[0], "env_steps", "environment steps"),
+                                   (axes[1], "wall_s", "wall time (s)")):
+            x = curves[x_key]
+            (line,) = ax.plot(x, curves["iqm"], linewidth=2, color=color, label=label)
+            color = line.get_color()  # the setting's colour on both axes
+            ax.fill_between(x, curves["low"], curves["high"], color=color, alpha=0.25)
+            for agent in curves["agents"]:
+                ax.plot(x, agent, color=color, linewidth=0.5, alpha=0.4)
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(y_label)
+            ax.grid(alpha=0.3)
 
 
 def figure(run_dirs: list[str]):

@@ -241,6 +241,16 @@ def test_rows_tensorboard_plot_and_eval_per_agent(sweep_run):
     from podracer.policy import load_policy
 
     assert os.path.exists(plot.plot([str(root / "run")], str(root / "pop.png")))
+    # One IQM and band per setting of the sweep, never the two settings' agents averaged together.
+    groups = plot.read_population(str(root / "run"), "episode_return_mean")
+    assert [(g["setting"], len(g["agents"])) for g in groups] == [("lr=0", 2), ("lr=0.003", 2)]
+    for group, agents in zip(groups, ([0, 1], [2, 3])):
+        scores = [[a["episode_return_mean"] for a in row["agents"]] for row in rows]
+        np.testing.assert_allclose(group["iqm"], [np.mean([r[i] for i in agents]) for r in scores])
+        assert np.all(group["low"] <= group["iqm"] + 1e-9) and np.all(group["iqm"] <= group["high"] + 1e-9)
+    assert groups[1]["iqm"][-1] > groups[0]["iqm"][-1] + 15
+    labels = [t.get_text() for t in plot.figure([str(root / "run")]).axes[0].get_legend().get_texts()]
+    assert len(labels) == 2 and "lr=0 IQM of 2 agents" in labels[0] and "lr=0.003 IQM" in labels[1]
     result = _launch("eval", f"--run-dir={root / 'run'}", "--agent=2", "--episodes=4", cwd=root)
     assert result.returncode == 0 and json.loads(result.stdout.splitlines()[-1])["agent"] == 2
     obs = np.zeros((3, 4), np.float32)
