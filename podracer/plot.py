@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, NamedTuple
 
@@ -78,6 +79,11 @@ def _config(run_dir: str) -> dict[str, Any]:
                 "arch": summary.get("arch"), "algo": summary.get("algo"), "env": summary.get("env")}
 
 
+def _run_name(run_dir: str) -> str:
+    """The run's own directory name: `runs/latest` is named for the run it links to."""
+    return storage.name(run_dir if storage.is_remote(run_dir) else os.path.realpath(run_dir))
+
+
 def group_by_seed(run_dirs: list[str]) -> list[tuple[str, list[str]]]:
     """(label, run dirs) for each group of runs identical but for the seed."""
     groups: dict[str, list[str]] = {}
@@ -88,7 +94,7 @@ def group_by_seed(run_dirs: list[str]) -> list[tuple[str, list[str]]]:
         groups.setdefault(key, []).append(run_dir)
         run = config.get("run", config)
         labels[key] = " ".join(str(run.get(k)) for k in ("arch", "algo", "env") if run.get(k)) or run_dir
-    return [(f"{labels[key]}: {storage.name(dirs[0])}"
+    return [(f"{labels[key]}: {_run_name(dirs[0])}"
              f"{f' +{len(dirs) - 1} seeds' if len(dirs) > 1 else ''}", dirs)
             for key, dirs in groups.items()]
 
@@ -239,7 +245,7 @@ def figure(run_dirs: list[str]):
         axes[2].barh(names, [100 * row["share"] for row in rows])
         axes[2].tick_params(axis="y", labelsize=7)
         axes[2].set_xlabel("share of its thread's wall time (%)")
-        axes[2].set_title(f"time breakdown: {storage.name(run_dir)}")
+        axes[2].set_title(f"time breakdown: {_run_name(run_dir)}")
     fig.tight_layout()
     return fig
 

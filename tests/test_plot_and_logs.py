@@ -56,3 +56,12 @@ def test_plot_of_a_directory_without_runs(tmp_path):
     result = subprocess.run([PYTHON, "-m", "podracer.plot", str(tmp_path)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+def test_a_run_plotted_through_a_link_is_named_for_the_run(two_seeds, tmp_path):
+    from podracer.plot import group_by_seed
+
+    latest = tmp_path / "latest"
+    latest.symlink_to(two_seeds[0], target_is_directory=True)
+    [(label, dirs)] = group_by_seed([str(latest)])
+    assert label.endswith(": seed0") and dirs == [str(latest)]
