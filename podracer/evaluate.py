@@ -98,17 +98,22 @@ def main(argv) -> int:
         from podracer.video import check_drawable
 
         check_drawable(run["arch"], run["env"])
-    returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
-    returns = returns_of(act, run["env"], config.episodes, config.seed)
-    print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
-    print(json.dumps({"env": run["env"], **({"agent": config.agent} if config.agent >= 0 else {}),
-                      "episodes": len(returns), "episode_return_mean": float(returns.mean()),
-                      "episode_return_std": float(returns.std())}))
+    written = None
     if config.video:
+        # The episodes in the video are the ones evaluated: its returns are the printed mean's.
         from podracer import video
 
         record = video.envpool_video if run["arch"] == "sebulba" else video.anakin_video
         written = record(act, run["env"], config.episodes, config.seed, config.video)
+        returns = np.asarray(written["episode_returns"], float)
+    else:
+        returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
+        returns = returns_of(act, run["env"], config.episodes, config.seed)
+    print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
+    print(json.dumps({"env": run["env"], **({"agent": config.agent} if config.agent >= 0 else {}),
+                      "episodes": len(returns), "episode_return_mean": float(returns.mean()),
+                      "episode_return_std": float(returns.std())}))
+    if written is not None:
         print(f"wrote {config.video}: {len(written['episode_lengths'])} episodes, {written['frames']} frames")
         print(json.dumps(written))
     sys.stdout.flush()

@@ -215,7 +215,7 @@ class EvalConfig:
     agent: int = bounded(-1, Bound(-1))
     """The agent of a population run to evaluate (its index in summary.json's agents); -1: the run's only agent."""
     video: str = ""
-    """Also write the evaluation's episodes, one after another, to this .mp4 or .gif with the return drawn on each frame (gymnax classic control, navix, craftax, brax, envpool Atari; pip install -e ".[video]")."""
+    """Play the evaluation's episodes one after another and write them to this .mp4 or .gif, the return drawn on each frame; the mean printed is theirs (gymnax classic control, navix, craftax, brax, envpool Atari; pip install -e ".[video]")."""
 
     def __post_init__(self):
         check_bounds(self)

@@ -25,9 +25,12 @@ def test_eval_video_has_a_frame_per_state(tmp_path, capsys):
     capsys.readouterr()
     path = tmp_path / "eval.gif"
     assert main(["eval", f"--run-dir={run_dir}", "--episodes=2", f"--video={path}"]) == 0
-    written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    evaluated, written = json.loads(lines[-3]), json.loads(lines[-1])
     lengths = written["episode_lengths"]
     assert len(lengths) == 2 and written["episode_returns"] == [float(n) for n in lengths]  # CartPole pays 1 a step
+    # The episodes evaluated are the ones in the video.
+    assert evaluated["episodes"] == 2 and evaluated["episode_return_mean"] == np.mean(written["episode_returns"])
     frames = list(imageio.get_reader(path))
     assert len(frames) == written["frames"] == sum(n + 1 for n in lengths)
     assert frames[0].ndim == 3 and frames[0].shape[0] >= 160
