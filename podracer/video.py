@@ -39,20 +39,6 @@ def check_path(path: str) -> None:
         raise PodracerError("--video needs imageio: pip install -e \".[video]\"") from None
 
 
-def check_drawable(arch: str, env_id: str) -> None:
-    """Refuse, in one line, an environment `eval --video` cannot draw here, before any episode is played."""
-    if arch == "sebulba":
-        from podracer.sebulba.envs import is_atari
-
-        if not is_atari(env_id):
-            raise PodracerError(f"{env_id} cannot render: --video draws envpool's Atari frames only "
-                                f"(on Sebulba); MuJoCo and classic control ids have no frames")
-        return
-    from podracer.anakin.env import make_env
-
-    anakin_renderer(env_id, make_env(env_id))
-
-
 def anakin_renderer(env_id: str, env) -> Callable:
     """`frame(inner_state) -> [H, W, 3] uint8` for an Anakin environment, or a one-line refusal."""
     render_fn = getattr(env, "render_fn", None)
@@ -165,10 +151,12 @@ def anakin_video(act: Callable, env_id: str, episodes: int, seed: int, path: str
 def envpool_video(act: Callable, env_id: str, episodes: int, seed: int, path: str) -> dict:
     """Atari games played one after another, one frame per envpool result (the newest stacked
     frame), life losses included; returns the games' lengths in agent steps."""
-    from podracer.sebulba.envs import EnvPoolEnvs
+    from podracer.sebulba.envs import EnvPoolEnvs, is_atari
 
     check_path(path)
-    check_drawable("sebulba", env_id)
+    if not is_atari(env_id):
+        raise PodracerError(f"{env_id} cannot render: --video draws envpool's Atari frames only "
+                            f"(on Sebulba); MuJoCo and classic control ids have no frames")
     envs = EnvPoolEnvs(env_id, 1, 1, 0, seed=seed)
     act, key = jax.jit(act), jax.random.PRNGKey(seed)
     frames, lengths, scores = [], [], []

@@ -225,9 +225,11 @@ def renew(path: str, program_fingerprint: str | None, same_program: str | None =
     would trace and lower it again. A serialized program written by the process
     XLA compiled it in is what is kept again.
     """
+    if program_fingerprint is None:
+        return None
     for candidate in (path, same_program):
         entry = _read(candidate) if candidate else None
-        if program_fingerprint is not None and isinstance(entry, dict) and entry.get("module") == program_fingerprint:
+        if isinstance(entry, dict) and entry.get("module") == program_fingerprint:
             program = _loaded(entry)
             if program is not None:
                 if _write(path, dict(entry, files=module_files())):
