@@ -194,3 +194,15 @@ def test_sebulba_es_progress_ends_at_the_steps_it_trained(tmp_path):
     last = [line for line in result.stdout.splitlines() if line.startswith("steps ")][-1]
     trained = f"{summary['env_steps']:,}"
     assert summary["env_steps"] > 1500 and f"{trained}/{trained} (100%)" in last
+
+
+def test_an_es_run_without_a_horizon_leaves_the_refusal_to_its_build(monkeypatch):
+    # The first line is printed after the run directory is made: it must not refuse (nor leave it behind).
+    from podracer.anakin import es as anakin_es
+    from podracer.errors import PodracerError
+
+    def no_time_limit(env, config):
+        raise PodracerError(f"{env.env_id} has no episode time limit to default to; pass --horizon")
+
+    monkeypatch.setattr(anakin_es, "episode_horizon", no_time_limit)
+    assert plan.rounding_note(parse_configs(["--algo=es", "--total-steps=1000"])) == ""

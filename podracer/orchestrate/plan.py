@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from podracer.errors import PodracerError
+
 NOTED_ROUNDING = 0.05  # a rounding up by more than this fraction of --total-steps is said
 
 
@@ -43,7 +45,11 @@ def trained_steps(configs: dict[str, Any]) -> int | None:
 
 def rounding_note(configs: dict[str, Any]) -> str:
     """`--total-steps=5,000 trains 32,768 env steps (...)` when the rounding is more than a few percent; else ""."""
-    total, trained = configs["run"].total_steps, trained_steps(configs)
+    try:
+        trained = trained_steps(configs)
+    except PodracerError:  # no time limit to default --horizon to: the build says so, and cleans up
+        return ""
+    total = configs["run"].total_steps
     if trained is None or trained <= total * (1 + NOTED_ROUNDING):
         return ""
     unit = "update" if configs["run"].arch == "sebulba" else "call"
