@@ -260,6 +260,9 @@ class RunLogger:
         mean_params = None  # not evolution strategies: no `mean params` part
         if "mean_params_return" in metrics:  # None until the mean parameters are first evaluated
             mean_params = metrics["mean_params_return"] if metrics["mean_params_return"] is not None else math.nan
+        # A run of whole generations (Sebulba ES) ends in the one that passes the total
+        # asked for: its line's total is then what it trained, never "51,001/50,000".
+        self.total_steps = max(self.total_steps, metrics["env_steps"])
         line = progress_line(metrics["env_steps"], self.total_steps, metrics["sps"], self.last_return,
                              now - self.train_start, mean_params)
         final = metrics["env_steps"] >= self.total_steps

@@ -40,7 +40,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
-from podracer.session import program_cache, startup, storage
+from podracer.session import heartbeat, program_cache, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -81,7 +81,6 @@ class RunSession:
         self.configs = configs
         self.run = configs["run"]
         self.data: DataConfig = configs["data"]
-        self.wall_start = time.perf_counter()
         self.startup = startup.take()  # since the process (or the `podracer.train` call) started
         self.main_process = parallel.is_main_process()
         # Everything that needs no compilation is checked before anything is built. A
@@ -185,6 +184,7 @@ class RunSession:
     def start(self, total_steps: int, compile_s: float) -> RunLogger:
         """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
         self.compile_s = compile_s
+        heartbeat.end()  # the command line's "compiling ..." line ends before "compiled in"
         self.logger = RunLogger(self.run.run_dir, total_steps, enabled=self.main_process,
                                 resume_steps=self.resumed_from or 0, staging=self.staging,
                                 wandb_run=start_wandb(self.configs) if self.main_process else None)
@@ -328,7 +328,9 @@ class RunSession:
             # Sebulba's thread-seconds per operation; Anakin's host waits on the device
             # inside them, so there only a profile (`--profile`) breaks its time down.
             **(as_metrics(totals) if breakdown else {}),
-            "wall_s": time.perf_counter() - self.wall_start,
+            # From the same start as `time_to_first_step_s` (the process's, or the
+            # `podracer.train` call's), so that start-up is part of the wall time.
+            "wall_s": time.time() - self.startup.started,
             **({"profile": self.profile} if self.profile else {}),
             "config": config_record(used_configs(self.configs)),
         })
