@@ -22,6 +22,7 @@ through `self.staging` (`podracer.session.storage`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import signal
 import threading
@@ -67,6 +68,19 @@ def _import_quietly(module: str) -> None:
         importlib.import_module(module)
     except Exception:  # noqa: BLE001  (the main thread's own import raises it, in one line)
         pass
+
+
+def _closing_loggers_on_failure(method: Callable) -> Callable:
+    """`method`, which closes the session's loggers when it fails (`RunSession._close_loggers`)."""
+    @functools.wraps(method)
+    def wrapped(self: "RunSession", *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._close_loggers()
+            raise
+
+    return wrapped
 
 
 class RunSession:
@@ -181,6 +195,7 @@ class RunSession:
                                               self.run.seed)
         return train
 
+    @_closing_loggers_on_failure
     def start(self, total_steps: int, compile_s: float) -> RunLogger:
         """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
         self.compile_s = compile_s
@@ -240,12 +255,21 @@ class RunSession:
             if self.logger is not None:  # a failed run's rows so far still reach a gs:// run directory
                 with contextlib.suppress(Exception):
                     self.logger.sync()
+            self._close_loggers()
             self.staging.close()
             raise
         finally:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
                 self.checkpointer.close()
+
+    def _close_loggers(self) -> None:
+        """Close the failed run's metrics file, TensorBoard writer and W&B run now: left
+        to the interpreter's exit, their clean-up ends the run with a traceback on
+        Python 3.12 and later, which refuse new threads then."""
+        if self.logger is not None:
+            with contextlib.suppress(Exception):  # the failure that got here is the one to report
+                self.logger.close(failed=True)
 
     def _publish_trace(self, report: dict[str, Any]) -> dict[str, Any]:
         """Copy the trace to a gs:// run directory; the report then names it there."""
@@ -283,6 +307,7 @@ class RunSession:
 
     # -- after training
 
+    @_closing_loggers_on_failure
     def finish(self, *, env_steps: int, new_steps: int, episode_return_mean: float | None,
                fingerprint_of: Any, devices: dict[str, int], extra: dict[str, Any],
                stopped: bool, policy: Callable[[], Any] | None = None,
