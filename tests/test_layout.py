@@ -1,6 +1,6 @@
-"""The package's shape, read statically: no import cycles, no module past 400 lines.
+"""The package's shape, read statically: no import cycles, no module past 400 lines, public JAX only.
 
-Both checks parse the source with `ast` and import nothing, so they are fast
+The checks parse the source with `ast` and import nothing, so they are fast
 and see imports inside functions too: a cycle closed by a lazy import still
 ties the two modules together.
 """
@@ -142,3 +142,48 @@ def test_no_module_over_400_lines():
                             f"{unexpected}")
     stale = sorted(KNOWN_LONG_MODULES - set(long))
     assert not stale, f"{stale} are {MAX_LINES} lines or fewer now; delete them from KNOWN_LONG_MODULES"
+
+
+NAMED_TUPLE_API = {"_asdict", "_replace", "_fields", "_make", "_field_defaults"}  # public, despite the "_"
+
+
+def _private(name: str) -> bool:
+    return (name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+            and name not in NAMED_TUPLE_API)
+
+
+def private_jax_uses(root: Path = ROOT) -> list[str]:
+    """Where the package reaches into JAX's private parts ("path:line: what").
+
+    An import of a private JAX or jaxlib module (`jax._src...`), a private
+    attribute of the `jax` or `jaxlib` module, or a private attribute fetched
+    by name (`getattr(lowered, "_lowering")`): what JAX does not promise to
+    keep, which its next release may change.
+    """
+    found = []
+    for module, path in _module_files(root).items():
+        where = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in ("jax", "jaxlib"):
+                names = [f"{node.value.id}.{node.attr}"]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] in ("jax", "jaxlib") and any(_private(p) for p in parts[1:]):
+                    found.append(f"{where}:{node.lineno}: {name}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) \
+                    and _private(node.args[1].value):
+                found.append(f"{where}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_public_jax_only():
+    uses = private_jax_uses()
+    assert not uses, "private JAX (use its public API instead):\n" + "\n".join(uses)

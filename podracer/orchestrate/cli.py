@@ -311,10 +311,6 @@ def _main(argv: list[str], entry: bool) -> int:
             return orchestrate.spawn_local(named, distributed.num_processes)
         # Until training starts a signal ends the run at once (compilation cannot be
         # interrupted from Python); then the training loop saves and stops.
-        if entry:  # the code is its files: compiled programs can be kept whole
-            from podracer.session import program_cache
-
-            program_cache.use_from_command_line()
         with signals.exit_at_once_until_training():
             run(argv, parsed, started=startup.process_start_time() if entry else None)
     except PodracerError as err:

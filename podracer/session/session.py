@@ -40,7 +40,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
-from podracer.session import program_cache, startup, storage
+from podracer.session import startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -128,37 +128,21 @@ class RunSession:
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
 
-    def compiled(self, name: str, jitted: Any, args: tuple) -> Any:
-        """`jitted` compiled for `args`: read back whole if a command-line run kept it
-        (`podracer.session.program_cache`), else traced, lowered and compiled through JAX's cache."""
-        program, read_back = program_cache.compiled(name, jitted, args, self.configs, startup.cache_dir())
-        if read_back:
-            self.startup.read_back()
-        return program
-
     def compiled_init_and_step(self, init: Any, init_args: tuple, step: Any | None) -> tuple[Any, Any]:
         """A run's `init` compiled for `init_args`, and its `step` for the state `init` returns.
 
         They compile side by side: `init`'s XLA compilation runs in a thread
         while this one traces and lowers `step` (on a 2-core CPU, 0.5-0.9 s of a
-        first run's start-up), each read back whole where a command-line run
-        kept it (`compiled`). `step` (None: none) is compiled for the shapes and
-        dtypes of `init`'s result; give it a state placed by `placed_for`.
+        first run's start-up). `step` (None: none) is compiled for the shapes
+        and dtypes of `init`'s result; give it a state placed by `placed_for`.
         """
-        path = program_cache.path_for("init", init_args, self.configs, startup.cache_dir())
-        init_program = program_cache.load(path) if path else None
         with ThreadPoolExecutor(max_workers=1) as pool:
-            if init_program is not None:
-                self.startup.read_back()
-                shapes, compiling = init_program.out_info, None
-            else:
-                lowered = init.trace(*init_args).lower()
-                shapes, compiling = lowered.out_info, pool.submit(program_cache.compile_and_keep, lowered, path)
+            lowered = init.trace(*init_args).lower()
+            compiling = pool.submit(lowered.compile)
             state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
-                                 shapes)
-            step_program = None if step is None else self.compiled("step", step, (state,))
-            if compiling is not None:
-                init_program = compiling.result()
+                                 lowered.out_info)
+            step_program = None if step is None else step.lower(state).compile()
+            init_program = compiling.result()
         return init_program, step_program
 
     def _checkpointer(self) -> Checkpointer:
