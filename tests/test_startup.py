@@ -148,46 +148,6 @@ def test_a_default_anakin_run_imports_no_module_it_does_not_use(tmp_path):
     assert (tmp_path / "run" / "tensorboard").is_dir()  # TensorBoard's writer still wrote
 
 
-def test_a_new_run_imports_orbax_beside_its_first_calls_and_still_saves(tmp_path):
-    args = [*SHORT, f"--run-dir={tmp_path / 'run'}"]
-    code = ("import json, sys\n"
-            "from podracer.session import session\n"
-            "start, seen = session.RunSession.start, []\n"
-            "def watched(self, *a, **k):\n"
-            "    seen.append('orbax.checkpoint' in sys.modules)\n"
-            "    return start(self, *a, **k)\n"
-            "session.RunSession.start = watched\n"
-            "from podracer.orchestrate.cli import main\n"
-            f"assert main({args!r}) == 0\n"
-            "print(json.dumps(seen))")
-    result = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
-                            cwd=REPO_ROOT, env=dict(os.environ))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.splitlines()[-1]) == [False]  # not imported before training
-    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["1024"]
-
-
-def test_the_initialisation_compiles_in_a_thread_while_the_training_program_is_traced(tmp_path, monkeypatch):
-    import threading
-
-    import jax
-
-    import podracer
-
-    compiled_on_main = []
-    real = jax.stages.Lowered.compile
-
-    def compile(self, *args, **kwargs):
-        compiled_on_main.append(threading.current_thread() is threading.main_thread())
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", compile)
-    summary = podracer.train(num_envs=8, rollout_len=16, updates_per_call=2, total_steps=1024,
-                             checkpoint_every=0, run_dir=str(tmp_path / "run"))
-    assert compiled_on_main == [False, True]  # the initialisation beside, the training program here
-    assert summary["episode_return_mean"] is not None
-
-
 def test_gymnax_renders_with_its_plotting_libraries_loaded_on_first_use():
     code = ("import sys, jax, matplotlib; matplotlib.use('Agg'); "
             "from podracer.anakin.env import make_env; env = make_env('Catch-bsuite'); "

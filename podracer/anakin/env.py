@@ -102,7 +102,8 @@ def import_gymnax():
 
     gymnax imports matplotlib's pyplot and seaborn (and through it pandas and
     scipy) when it is imported, only for its environments' `render` methods:
-    about 1.2 of the 1.4 s its import takes on a 2-core CPU. Those two modules
+    about 1.2 of the 1.4 s its import takes (imports run on one core, so no
+    machine hides it; 4-5 s of 5.5 on a busy one). Those two modules
     are put in `sys.modules` as stand-ins that import the real module at the
     first attribute asked of them, so rendering still works.
     """

@@ -6,7 +6,6 @@ Nothing below this package reads `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import os
@@ -272,17 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: exit status 0, or 2 with one line on stderr for a user error.
 
     Without `argv`, the process's own command line: the run's start-up is
-    counted from the process's start, and the process is about to end when this
-    returns. Its last act is then `gc.freeze()`: the interpreter's collections
-    at exit skip the objects alive now (JAX's, about half a second of a 2-core
-    CPU, all of them freed with the process anyway). Every file podracer wrote
-    is closed by then; atexit handlers and library threads still run.
+    counted from the process's start.
     """
     entry = argv is None
-    status = _main(sys.argv[1:] if entry else list(argv), entry)
-    if entry:
-        gc.freeze()
-    return status
+    return _main(sys.argv[1:] if entry else list(argv), entry)
 
 
 def _main(argv: list[str], entry: bool) -> int:

@@ -22,11 +22,8 @@ through `self.staging` (`podracer.session.storage`).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import signal
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import jax
@@ -61,14 +58,6 @@ def placed_for(program: Any, state: Any) -> Any:
     return jax.tree.map(place, state, shardings)
 
 
-def _import_quietly(module: str) -> None:
-    """Import `module` ahead of its use; a failure is left to that use to report."""
-    try:
-        importlib.import_module(module)
-    except Exception:  # noqa: BLE001  (the main thread's own import raises it, in one line)
-        pass
-
-
 class RunSession:
     """The host side of one run: run directory, checkpoints, logging, profile, signals, summary."""
 
@@ -98,7 +87,6 @@ class RunSession:
             configs["logging"], self.staging.local if configs["logging"].profile else self.run.run_dir)
         self.timings: Timings = self.profiler or Timings()
         self.checkpointer: Checkpointer | None = None  # made when first needed (`_checkpointer`)
-        self._importing_orbax: threading.Thread | None = None
         self.logger: RunLogger | None = None
         self.resumed_from: int | None = None  # env steps of the checkpoint resumed from
         self.last_saved: int | None = None  # env steps of the last checkpoint written or found
@@ -129,27 +117,16 @@ class RunSession:
         return state, meta
 
     def compiled_init_and_step(self, init: Any, init_args: tuple, step: Any | None) -> tuple[Any, Any]:
-        """A run's `init` compiled for `init_args`, and its `step` for the state `init` returns.
-
-        They compile side by side: `init`'s XLA compilation runs in a thread
-        while this one traces and lowers `step` (on a 2-core CPU, 0.5-0.9 s of a
-        first run's start-up). `step` (None: none) is compiled for the shapes
-        and dtypes of `init`'s result; give it a state placed by `placed_for`.
-        """
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            lowered = init.trace(*init_args).lower()
-            compiling = pool.submit(lowered.compile)
-            state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
-                                 lowered.out_info)
-            step_program = None if step is None else step.lower(state).compile()
-            init_program = compiling.result()
-        return init_program, step_program
+        """A run's `init` compiled for `init_args`, and its `step` (None: none) for the shapes
+        and dtypes of the state `init` returns; give `step` a state placed by `placed_for`."""
+        lowered = init.trace(*init_args).lower()
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
+                             lowered.out_info)
+        return lowered.compile(), None if step is None else step.lower(state).compile()
 
     def _checkpointer(self) -> Checkpointer:
         """The run's checkpointer, made when first needed: by a new run at its first save."""
         if self.checkpointer is None:
-            if self._importing_orbax is not None:
-                self._importing_orbax.join()
             self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
         return self.checkpointer
 
@@ -177,12 +154,6 @@ class RunSession:
             self.profiler.start()
         self.startup.training_starts()  # the first step is dispatched next
         self._train_start = time.perf_counter()
-        if self.checkpointer is None:
-            # Orbax's import (0.15 s on a 2-core CPU) runs beside the first calls, which
-            # leave the host waiting, instead of before them; the first save joins it.
-            self._importing_orbax = threading.Thread(target=_import_quietly, args=("orbax.checkpoint",),
-                                                     name="podracer-import-orbax", daemon=True)
-            self._importing_orbax.start()
         return self.logger
 
     def elapsed(self) -> float:
