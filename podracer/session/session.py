@@ -24,12 +24,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 
 from podracer.config import LogConfig, used_configs
-from podracer.data.config import DataConfig
 from podracer.errors import Interrupted, PodracerError
 from podracer.protocol import parallel
 from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFlag, config_record,
@@ -58,18 +57,51 @@ def placed_for(program: Any, state: Any) -> Any:
     return jax.tree.map(place, state, shardings)
 
 
+class DatasetHooks(NamedTuple):
+    """What a run does with datasets, handed to the session from above.
+
+    The orchestrator hands `podracer.data.train_hooks.HOOKS` to the runs it
+    starts (`handing`), so that the session needs nothing of `podracer.data`.
+    Each is called with the run's `data` section (`podracer.data.DataConfig`).
+    """
+
+    check: Callable[[Any, bool], None]  # (data, writes): before anything is built
+    warm_start: Callable[..., tuple[Any, dict]]  # (train, data, spec, env_id, network, ppo_config, seed)
+    record: Callable[..., dict]  # (data, arch, env_id, policy, seed) -> the summary's keys
+
+
+_handed: DatasetHooks | None = None
+
+
+@contextlib.contextmanager
+def handing(hooks: DatasetHooks) -> Iterator[None]:
+    """The runs opened inside the block use `hooks` for `--init-from-dataset` and `--record-dataset`."""
+    global _handed
+    previous, _handed = _handed, hooks
+    try:
+        yield
+    finally:
+        _handed = previous
+
+
+def _dataset_hooks(data: Any) -> DatasetHooks | None:
+    """The hooks handed in; a run asking for a dataset without them is refused in one line."""
+    if _handed is None and data is not None and (data.record_dataset or data.init_from_dataset):
+        raise PodracerError("--record-dataset and --init-from-dataset need a run started by "
+                            "podracer.train or the command line, which hand the session its dataset hooks")
+    return _handed
+
+
 class RunSession:
     """The host side of one run: run directory, checkpoints, logging, profile, signals, summary."""
 
     def __init__(self, configs: dict[str, Any]):
-        from podracer.data.train_hooks import check_data_config
-
         # Sections a caller from Python may leave out get their defaults.
-        configs = {"checkpoint": CheckpointConfig(), "logging": LogConfig(), "data": DataConfig(),
-                   **configs}
+        configs = {"checkpoint": CheckpointConfig(), "logging": LogConfig(), **configs}
         self.configs = configs
         self.run = configs["run"]
-        self.data: DataConfig = configs["data"]
+        self.data = configs.get("data")  # `podracer.data.DataConfig`; None: no dataset
+        self.datasets = _dataset_hooks(self.data)
         self.wall_start = time.perf_counter()
         self.startup = startup.take()  # since the process (or the `podracer.train` call) started
         self.main_process = parallel.is_main_process()
@@ -77,7 +109,8 @@ class RunSession:
         # checkpoint made with another config is refused by `open` (the command line
         # refuses it before anything is built: `podracer.orchestrate.cli`).
         storage.check(self.run.run_dir)
-        check_data_config(self.data, writes=self.main_process)
+        if self.datasets is not None and self.data is not None:
+            self.datasets.check(self.data, self.main_process)
         # The checkpoint to resume from, as process 0 sees it: every process restores that one.
         self.resume_steps = agreed_checkpoint_steps(self.run.run_dir)
         self.resuming = self.resume_steps is not None
@@ -135,12 +168,10 @@ class RunSession:
 
         A resumed run continues from its checkpoint, never from the dataset.
         """
-        if self.resuming or not self.data.init_from_dataset:
+        if self.resuming or self.data is None or not self.data.init_from_dataset:
             return train
-        from podracer.data.train_hooks import warm_start_state
-
-        train, self.cloned = warm_start_state(train, self.data, spec, self.run.env, network, ppo_config,
-                                              self.run.seed)
+        train, self.cloned = self.datasets.warm_start(train, self.data, spec, self.run.env, network,
+                                                      ppo_config, self.run.seed)
         return train
 
     def start(self, total_steps: int, compile_s: float) -> RunLogger:
@@ -248,7 +279,7 @@ class RunSession:
         operation (keys and a printed table) for pairs whose threads measure it.
         `devices` counts over every process; `fingerprint_of` is the parameter
         tree every process must hold alike; `policy()` gives the trained policy
-        (`podracer.data.Policy`), which `--record-dataset` records on process 0
+        (`podracer.acting.Policy`), which `--record-dataset` records on process 0
         when training was not stopped early.
         Raises `Interrupted` (after writing the summary) when a signal stopped
         the run.
@@ -256,10 +287,9 @@ class RunSession:
         import jax
 
         recorded = {}
-        if self.data.record_dataset and policy is not None and not stopped and self.main_process:
-            from podracer.data.train_hooks import record_policy
-
-            recorded = record_policy(self.data, self.run.arch, self.run.env, policy(), self.run.seed)
+        if (self.data is not None and self.data.record_dataset and policy is not None and not stopped
+                and self.main_process):
+            recorded = self.datasets.record(self.data, self.run.arch, self.run.env, policy(), self.run.seed)
         totals = self.timings.totals()
         summary = self.logger.summary({
             "arch": self.run.arch, "algo": self.run.algo, "env": self.run.env,
