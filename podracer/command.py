@@ -11,6 +11,7 @@ It sits above all three, so that none of them imports another's command.
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from typing import Sequence
@@ -28,9 +29,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0, or 2 with one line on stderr for a user error.
 
     Without `argv`, the process's own command line (a training run's start-up
-    is then counted from the process's start).
+    is then counted from the process's start), and the process ends when this
+    returns: its last act is `gc.freeze()`, so that the interpreter's
+    collections at exit skip the objects alive then (JAX's), all freed with the
+    process anyway: 0.47 s of the 3.6 CPU-seconds of a short run with a warm
+    compilation cache. Every file podracer wrote is closed by then.
     """
-    given = sys.argv[1:] if argv is None else list(argv)
+    status = _dispatch(sys.argv[1:] if argv is None else list(argv), argv)
+    if argv is None:
+        gc.freeze()
+    return status
+
+
+def _dispatch(given: list[str], argv: Sequence[str] | None) -> int:
     if is_provision(given):
         from podracer.provision.cli import main as provision_main
 
