@@ -1,4 +1,6 @@
-"""The command line's entry point: parse, join the processes, say what will run, dispatch to a pair.
+"""Training from the command line: parse, join the processes, say what will run, dispatch to a pair.
+
+`podracer.command` hands it every command that is not `eval` or the TPU's.
 
 Nothing below this package reads `sys.argv` or the environment.
 """
