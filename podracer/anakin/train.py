@@ -16,13 +16,13 @@ import numpy as np
 
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.env import make_env
-from podracer.anakin.suites.base import check_masked_inputs
+from podracer.envs.spec import check_masked_inputs
 from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
 from podracer.anakin.population import agent_inputs, make_anakin_population, make_anakin_population_phases
 from podracer.actor_critic import actor_critic
 from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
 from podracer.config import make_optimizer
-from podracer.data.record import ppo_policy
+from podracer.acting import ppo_policy
 from podracer import population
 from podracer.networks import is_recurrent, make_network
 from podracer.protocol import parallel

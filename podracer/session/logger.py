@@ -114,7 +114,7 @@ def progress_line(env_steps: int, total_steps: int, sps: float, episode_return: 
 # Cloud clients tensorboardX imports, where installed, for event files at s3:// and
 # gs:// paths. podracer writes its events to a local directory (a gs:// run
 # directory gets them by copy, `storage.Staging`), and their imports took 0.2 s
-# of a run's start-up on a 2-core CPU.
+# of a run's start-up on a quiet machine, 1 s on a busy one.
 _TENSORBOARDX_UNUSED = ("boto3", "google.cloud.storage")
 
 
