@@ -13,7 +13,7 @@ import grpc
 from google.cloud import tpu_v2
 
 from podracer.provision import api_requests
-from podracer.provision.cli import main
+from podracer.orchestrate.cli import main  # the front door: `python launch/tpu.py ...`
 from tests.tpu_server import FakeTpuService, NodeState, QueuedState, TpuServer
 
 NAME, ZONE, PROJECT = "slice-1", "us-central2-b", "proj"

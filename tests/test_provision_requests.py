@@ -10,7 +10,8 @@ from google.cloud import tpu_v2
 from podracer.errors import PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import is_loopback
-from podracer.provision.cli import check_command, main, parse_command, provisioner_flags
+from podracer.orchestrate.cli import main  # the front door: `python launch/tpu.py ...`
+from podracer.provision.cli import check_command, parse_command, provisioner_flags
 from podracer.provision.report import describe_workers, list_table
 from podracer.provision.spec import (TPU_VERSIONS, Identity, Networking, SliceSpec,
                                      default_runtime_version)

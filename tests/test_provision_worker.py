@@ -25,7 +25,7 @@ from metadata_server import MetadataServer, worker_endpoints  # noqa: E402
 from tpu_server import FakeTpuService, TpuServer  # noqa: E402
 
 from podracer.provision import api_requests, staging  # noqa: E402
-from podracer.provision.cli import main  # noqa: E402
+from podracer.orchestrate.cli import main  # noqa: E402  (the front door)
 
 BUCKET = "gs://podracer-runs"
 STEPS = 4096

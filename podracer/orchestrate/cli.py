@@ -271,13 +271,18 @@ def _trainer(arch: str, algo: str):
                         f"use --arch=anakin or --arch=sebulba with --algo=ppo, impala or es")
 
 
-# Launcher verbs handled by the TPU provisioner rather than by training.
-PROVISION_VERBS = ("up", "status", "down", "list")
-
-
 def _is_provision(argv: Sequence[str]) -> bool:
-    return bool(argv) and argv[0] in PROVISION_VERBS or any(
+    """A TPU verb (`up`, `attach`, ...), or a run on a slice (`--tpu`): the provisioner's."""
+    from podracer.provision.cli import VERBS
+
+    return bool(argv) and argv[0] in VERBS or any(
         arg == "--tpu" or arg.startswith("--tpu=") for arg in argv)
+
+
+def program_name(argv0: str) -> str:
+    """How the user called podracer: `podracer` (the console script) or `python launch/tpu.py`."""
+    name = os.path.basename(argv0)
+    return "podracer" if name in ("podracer", "podracer.exe") else "python launch/tpu.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,17 +296,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     is closed by then; atexit handlers and library threads still run.
     """
     entry = argv is None
-    status = _main(sys.argv[1:] if entry else list(argv), entry)
+    status = _main(sys.argv[1:] if entry else list(argv), entry,
+                   program_name(sys.argv[0]) if entry else "python launch/tpu.py")
     if entry:
         gc.freeze()
     return status
 
 
-def _main(argv: list[str], entry: bool) -> int:
+def _main(argv: list[str], entry: bool, program: str) -> int:
     if _is_provision(argv):
         from podracer.provision.cli import main as provision_main
 
-        return provision_main(argv)
+        return provision_main(argv, program)
     try:
         if argv[:1] == ["eval"]:
             from podracer.evaluate import main as evaluate_main

@@ -296,7 +296,7 @@ def _dry_run(command: Command, say: Say) -> int:
     elif command.verb == "status":
         sent = [requests.get_node_request(spec), requests.get_queued_resource_request(spec),
                 requests.guest_attributes_request(spec)]
-    elif command.verb == "logs":
+    elif command.verb in ("logs", "attach"):
         sent = [requests.get_node_request(spec)]
     elif command.verb == "down":
         sent = [requests.get_node_request(spec), requests.delete_request(spec)]
