@@ -833,3 +833,26 @@ def test_a_slice_its_workers_deleted_at_the_end_is_not_created_again(cli, servic
     assert (status, err) == (0, "")
     assert "the run finished on every worker, and TPU slice-1 is gone" in out
     assert service.methods_called().count("CreateNode") == 1
+
+
+def test_dry_run_on_v6e_8_accepts_sebulbas_defaults_and_names_the_slice(cli, service):
+    status, out, err = cli("--dry-run", "--arch=sebulba", shape=("--accelerator-type=v6e-8",))
+
+    assert (status, err) == (0, "")
+    assert "# slice: v6e-8 (1 host of 8 devices), one process of the run per host" in out
+    assert service.requests == []
+
+
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["up"]])
+def test_a_layout_the_slice_cannot_run_is_refused_before_any_call(cli, service, mode):
+    verb = mode[0] if mode == ["up"] else None
+    flags = [flag for flag in mode if flag != "up"]
+
+    status, out, err = cli(*flags, "--arch=sebulba", "--num-envs=100", verb=verb,
+                           shape=("--accelerator-type=v6e-8",))
+
+    assert status == 2 and out == ""
+    assert _single_error_line(err) == (
+        "error: on v6e-8 (1 host of 8 devices): each actor thread's 50 environments do not split "
+        "over 6 learner devices; make --num-envs a multiple of 12\n")
+    assert service.requests == []

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from podracer.errors import Interrupted, PodracerError
-from podracer.provision import preflight, validate
+from podracer.provision import preflight, slices, validate
 from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
                                      Timing, default_runtime_version)
 
@@ -253,6 +253,10 @@ def check_command(command: Command) -> None:
     """Everything that can be checked before a slice exists; the training flags above all."""
     if command.verb in ("run", "up"):
         preflight.check_training_flags(command.training_flags, provisioner_flags(command.verb))
+        spec = command.spec
+        shape = slices.slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
+        if shape is not None:  # a version the table does not know is left to the API
+            preflight.check_layout(command.training_flags, shape)
         from podracer.provision import staging
 
         staging.slice_run_dir(command.bucket, command.training_flags, command.spec.name)

@@ -31,6 +31,7 @@ from podracer.provision.report import (
     list_table,
     where_to_look,
 )
+from podracer.provision.slices import slice_shape
 from podracer.provision.spec import Command, SliceSpec
 from podracer.provision.startup import make_startup_script, worker_config
 from podracer.session import storage
@@ -149,7 +150,12 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
         create = requests.create_node_request(spec, node)
     launch = Launch(run_dir, create, max_restarts=command.max_restarts,
                     keep=command.keep or command.verb == "up", deadline_unix=deadline)
-    notes = [f"run directory: {run_dir}",
+    shape = slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
+    notes = [f"run directory: {run_dir}"]
+    if shape is not None:
+        notes.append(f"slice: {shape.describe()}, one process of the run per host; the "
+                     f"run's layout was checked for it")
+    notes += [
              f"workers install {staged.wheel.name} and the {staging.LOCK_NAME} beside it "
              f"(uv {staging.UV_VERSION}, Python {staging.python_version()}), staged in "
              f"{staged.code_dir}"]
