@@ -856,3 +856,34 @@ def test_a_layout_the_slice_cannot_run_is_refused_before_any_call(cli, service, 
         "error: on v6e-8 (1 host of 8 devices): each actor thread's 50 environments do not split "
         "over 6 learner devices; make --num-envs a multiple of 12\n")
     assert service.requests == []
+
+
+def _staged(gcs_bucket, create, name: str) -> str:
+    run_dir = create.node.metadata[api_requests.RUN_DIR_KEY]
+    return gcs_bucket.blob(f"{run_dir.removeprefix(BUCKET + '/')}/code/{name}").download_as_text()
+
+
+def test_a_brax_runs_staged_lock_lists_brax(cli, service, gcs_bucket):
+    status, out, err = cli("--arch=anakin", "--env=brax:inverted_pendulum", "--num-envs=64")
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateNode")
+    locked = _staged(gcs_bucket, create, "requirements.lock").splitlines()
+    assert any(line.startswith("brax==") for line in locked)
+
+
+def test_a_py_envs_module_is_staged_beside_the_launcher(cli, service, gcs_bucket, tmp_path,
+                                                         monkeypatch):
+    (tmp_path / "my_sims.py").write_text(
+        "import gymnasium\n\n\ndef make(num_envs):\n"
+        "    return gymnasium.make_vec('CartPole-v1', num_envs=num_envs, vectorization_mode='sync')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here, as the preflight checks it
+
+    status, out, err = cli("--arch=sebulba", "--env=py:my_sims:make", "--num-envs=24")
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateNode")
+    config = _worker_config(create.node.metadata["startup-script"])
+    assert config["files"]["module:my_sims.py"] == "my_sims.py"
+    assert _staged(gcs_bucket, create, "my_sims.py") == (tmp_path / "my_sims.py").read_text()

@@ -23,7 +23,7 @@ from podracer.provision.api import (
 )
 from podracer.provision.lifecycle import Say, delete_slice, new_launch_id, read_worker_states
 from podracer.provision.supervise import Launch, follow, say_results
-from podracer.provision import logs, staging
+from podracer.provision import logs, needs, staging
 from podracer.provision.report import (
     describe_node,
     describe_queued_resource,
@@ -132,9 +132,10 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     # A finished run's slice is deleted by whoever sees the end first: the launcher
     # following it, or its workers (with their service account), when it is not kept.
     self_delete = command.verb == "run" and not command.keep
-    extras = staging.worker_extras(command.training_flags) + (("tpu",) if self_delete else ())
+    extras = needs.worker_extras(command.training_flags) + (("tpu",) if self_delete else ())
+    modules = needs.env_module_files(_env_id(command.training_flags), Path.cwd(), extras)
     staged = staging.prepare(run_dir, command.launcher or staging.DEFAULT_LAUNCHER, build_dir,
-                             extras)
+                             extras, modules)
     deadline = time.time() + command.timing.run_timeout
     config = worker_config(run_dir, staged.code_dir, staged.names,
                            _without_run_dir(command.training_flags), staging.UV_VERSION,
@@ -165,6 +166,12 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
                      "locked packages) only through Cloud NAT, and the bucket only with "
                      "Private Google Access, on their subnetwork")
     return _Plan(create, script, run_dir, staged, launch, tuple(notes))
+
+
+def _env_id(training_flags) -> str:
+    from podracer.orchestrate.parse import parse
+
+    return parse(list(training_flags)).configs["run"].env
 
 
 def _slice_address(spec: SliceSpec, command: Command) -> dict:

@@ -105,6 +105,7 @@ class Worker:
         files = {}
         for role, name in self.config["files"].items():
             path = os.path.join(self.code, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # a py: env's package, beside the launcher
             self.storage.download(f"{self.config['code_dir']}/{name}", path)
             files[role] = path
         return files
