@@ -110,6 +110,7 @@ def test_a_worker_whose_install_fails_says_so_in_the_bucket(launched, offline_in
     with MetadataServer(attributes) as metadata:
         booted = _boot(script, home, metadata, broken, timeout=120)
         state = metadata.guest_attributes["podracer/state"]
-    assert booted.returncode != 0 and state.startswith("install-failed=")
+        number = metadata.guest_attributes["podracer/worker"]  # whose state it is, for the launcher
+    assert booted.returncode != 0 and state.startswith("install-failed=") and number == "3"
     assert _read(gcs_bucket, run_dir, "logs/worker-3.exit") == state.split("=")[1]
     assert "uv pip install" in _read(gcs_bucket, run_dir, "logs/worker-3.log")

@@ -148,8 +148,10 @@ def _make_parser(verb: str, program: str = LAUNCHER) -> _Parser:
                            metavar="SECONDS", help="give up if the slice is not ready by then")
     api_flags.add_argument("--max-run-time", type=_seconds, default=Timing.run_timeout,
                            metavar="SECONDS", help="stop the run (it saves a checkpoint) and delete "
-                                                   "the slice once it has gone this long (default "
-                                                   "86400); the workers keep this deadline too")
+                                                   "the slice once it has gone this long, counted "
+                                                   "from the slice being ready: time queued for "
+                                                   "capacity does not count (default 86400); the "
+                                                   "workers keep this deadline too")
     api_flags.add_argument("--repair-timeout", type=_seconds, default=Timing.repair_timeout,
                            metavar="SECONDS", help="a slice not READY (REPAIRING) this long mid-run "
                                                    "is lost: restarted, or deleted (default 1800)")

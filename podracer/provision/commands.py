@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-import time
 from pathlib import Path
 
 from podracer.errors import PodracerError
@@ -136,11 +135,10 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     modules = needs.env_module_files(_env_id(command.training_flags), Path.cwd(), extras)
     staged = staging.prepare(run_dir, command.launcher or staging.DEFAULT_LAUNCHER, build_dir,
                              extras, modules)
-    deadline = time.time() + command.timing.run_timeout
     config = worker_config(run_dir, staged.code_dir, staged.names,
                            _without_run_dir(command.training_flags), staging.UV_VERSION,
                            staging.python_version(), max_restarts=command.max_restarts,
-                           deadline_unix=deadline,
+                           max_run_time_s=command.timing.run_timeout,
                            delete_when_done=_slice_address(spec, command) if self_delete else None)
     script = make_startup_script(config)
     node = requests.make_node(spec, script, new_launch_id(), run_dir)
@@ -150,7 +148,8 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     else:
         create = requests.create_node_request(spec, node)
     launch = Launch(run_dir, create, max_restarts=command.max_restarts,
-                    keep=command.keep or command.verb == "up", deadline_unix=deadline)
+                    keep=command.keep or command.verb == "up",
+                    max_run_time_s=command.timing.run_timeout)
     shape = slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
     notes = [f"run directory: {run_dir}"]
     if shape is not None:
