@@ -1,6 +1,6 @@
 """The `podracer` command (`python launch/tpu.py`): one entry point, three kinds of verb.
 
-- `up`, `status`, `down`, `list`, or any command with `--tpu`: the TPU
+- `up`, `status`, `logs`, `attach`, `down`, `list`, or any command with `--tpu`: the TPU
   provisioner (`podracer.provision.cli`), which gets a slice and runs the
   training flags on it;
 - `eval`: a trained policy evaluated (`podracer.evaluate`);
@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 from typing import Sequence
 
-# Launcher verbs handled by the TPU provisioner rather than by training.
-PROVISION_VERBS = ("up", "status", "down", "list")
-
 
 def is_provision(argv: Sequence[str]) -> bool:
-    return bool(argv) and argv[0] in PROVISION_VERBS or any(
+    """A TPU verb (`up`, `attach`, ...), or a run on a slice (`--tpu`): the provisioner's."""
+    from podracer.provision.cli import VERBS
+
+    return bool(argv) and argv[0] in VERBS or any(
         arg == "--tpu" or arg.startswith("--tpu=") for arg in argv)
+
+
+def program_name(argv0: str) -> str:
+    """How the user called podracer: `podracer` (the console script) or `python launch/tpu.py`."""
+    name = os.path.basename(argv0)
+    return "podracer" if name in ("podracer", "podracer.exe") else "python launch/tpu.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,7 +53,7 @@ def _dispatch(given: list[str], argv: Sequence[str] | None) -> int:
     if is_provision(given):
         from podracer.provision.cli import main as provision_main
 
-        return provision_main(given)
+        return provision_main(given, program_name(sys.argv[0]) if argv is None else "python launch/tpu.py")
     if given[:1] == ["eval"]:
         from podracer.evaluate import main as evaluate_main
         from podracer.orchestrate.cli import exit_status

@@ -240,9 +240,9 @@ class EmulatedPod:
         for worker in workers:
             worker.start()
 
-    def guest_values(self, name: str) -> list[str | None]:
-        return [worker.metadata.guest_attributes.get(GUEST_ATTRIBUTE)
-                for worker in self._nodes[name].workers]
+    def guest_attributes(self, name: str) -> list[dict[str, str]]:
+        """Every guest attribute each worker of node `name` published, by path (`podracer/state`)."""
+        return [dict(worker.metadata.guest_attributes) for worker in self._nodes[name].workers]
 
     def delete_nodes(self, names: list[str], then: Callable[[], None]) -> Callable[[], bool]:
         """Removes the nodes from the service: an emulated one is DELETING while, in a thread,

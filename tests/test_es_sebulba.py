@@ -284,7 +284,7 @@ def test_actor_failure_stops_every_thread(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
+    (["--actor-devices", "0", "--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
     (["--horizon=100"], "--horizon does not apply to --arch=sebulba --algo=es"),
     (["--env=CartPol-v1"], "unknown envpool environment"),
 ])

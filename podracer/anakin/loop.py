@@ -58,12 +58,15 @@ class AnakinLayout(NamedTuple):
     steps_per_update: int  # global env steps
 
 
-def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh,
+def make_layout(config: AnakinConfig, ppo_config: PPOConfig, num_devices: int,
                 recurrent: bool = False, agents_sharded: bool = False) -> AnakinLayout:
-    """`recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
+    """Sizes on a mesh of `num_devices` (every process's); refuses, in one line, a split that cannot work.
+
+    `recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
     population's agents are split over the devices, each agent's environments all on
-    its own device (`podracer.anakin.population`)."""
-    num_devices = mesh.devices.size
+    its own device (`podracer.anakin.population`). The TPU preflight calls it
+    with a slice's device count before the slice exists.
+    """
     envs_per_device = config.num_envs if agents_sharded else parallel.split_evenly(
         config.num_envs, num_devices, "environments", "--num-envs")
     multiple = ppo_config.minibatches * (1 if agents_sharded else num_devices)
@@ -137,7 +140,7 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
     recurrent = is_recurrent(network)
     if recurrent and make_update is not ppo_make_update:
         raise PodracerError("--network=lstm/gru trains with --algo=ppo only; use --network=mlp for this algorithm")
-    layout = make_layout(config, ppo_config, mesh, recurrent, agents_sharded)
+    layout = make_layout(config, ppo_config, mesh.devices.size, recurrent, agents_sharded)
     # On one device there is nothing to average: no collectives at all (XLA keeps
     # even single-participant all-reduces, and each costs a rendezvous).
     axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 and not agents_sharded else ()

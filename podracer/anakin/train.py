@@ -63,7 +63,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                            net.hidden, net.activation, network=net.network,
                            action_mask=env.spec.action_mask)
-    layout = make_layout(anakin, ppo_config, mesh, is_recurrent(network), sharded)
+    layout = make_layout(anakin, ppo_config, mesh.devices.size, is_recurrent(network), sharded)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     num_updates = num_calls * anakin.updates_per_call

@@ -69,7 +69,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     "sees (all TPU cores of a TPU VM, forced CPU devices with --cpu-devices). "
                     "Defaults below are those of the --arch/--algo/--env given (a preset per "
                     "triple). Verbs: eval (score a run's policy), plot (draw runs' curves), "
-                    "up/status/down/list (TPU slices; see the docs' TPU page).",
+                    "up/status/logs/attach/down/list (TPU slices; see the docs' TPU page).",
         allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"podracer {__version__}")
     parser.add_argument("--print-config", action="store_true", default=None,
