@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from podracer.bounds import POSITIVE, bounded, check_bounds
+from podracer.bounds import POSITIVE, SEED, bounded, check_bounds
 from podracer.errors import PodracerError
 
 
@@ -105,6 +105,11 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, li
                 detail = str(err) if "must" in str(err) else f"expected {kind.__name__}, got {text.strip()!r}"
                 raise PodracerError(f"--sweep {_flag(field)}: {detail}") from None
             parsed.append(value)
+        repeated = sorted({value for value in parsed if parsed.count(value) > 1})
+        if repeated:
+            raise PodracerError(f"--sweep {_flag(field)} lists {', '.join(map(str, repeated))} more than once: "
+                                f"those agents would be identical, not seeds; list each value once "
+                                f"(--num-seeds gives each setting several seeds)")
         out[field] = parsed
     return out
 
@@ -120,7 +125,13 @@ def settings_of(sweeps: dict[str, list[float]], as_given: bool) -> list[dict[str
         given = ", ".join(f"{_flag(n)} has {k}" for n, k in lengths.items())
         raise PodracerError(f"--sweep-as-given pairs the i-th values of every --sweep, so every list needs "
                             f"the same length ({given}); give equal lists or drop --sweep-as-given for the grid")
-    return [dict(zip(sweeps, values)) for values in zip(*sweeps.values())]
+    settings = [dict(zip(sweeps, values)) for values in zip(*sweeps.values())]
+    for i, setting in enumerate(settings):
+        if setting in settings[:i]:
+            raise PodracerError(f"--sweep-as-given makes the setting {setting_label(setting)} twice (settings "
+                                f"{settings.index(setting)} and {i}): those agents would be identical, not "
+                                f"seeds; change one value (--num-seeds gives each setting several seeds)")
+    return settings
 
 
 def agents(configs: dict[str, Any]) -> list[Agent]:
@@ -128,6 +139,9 @@ def agents(configs: dict[str, Any]) -> list[Agent]:
     population: PopulationConfig = configs.get("population", PopulationConfig())
     sweeps = parse_sweeps(population.sweep, configs)
     seed = configs["run"].seed
+    if seed + population.num_seeds - 1 > SEED.high:
+        raise PodracerError(f"--seed={seed} with --num-seeds={population.num_seeds} takes seeds past "
+                            f"{SEED.high} (the 32 bits of a JAX key); lower --seed")
     settings = settings_of(sweeps, population.sweep_as_given)
     return [Agent(i * population.num_seeds + s, seed + s, setting)
             for i, setting in enumerate(settings) for s in range(population.num_seeds)]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import logging
 import os
 import sys
@@ -22,7 +21,7 @@ from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
 from podracer.session import signals, startup, storage
 from podracer.session.checkpoint import check_resumable
 from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, finished_message,
-                                      link_latest, prepare_run_dir, unlink_new_run)
+                                      finished_summary, link_latest, prepare_run_dir, unlink_new_run)
 
 __all__ = ["main", "parse", "parse_configs", "run", "train"]
 
@@ -54,10 +53,10 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     state = _run_dir_state(configs)
     main_process = _is_main_process()
     if state.finished:
+        summary = finished_summary(run_dir)
         if main_process:
             print(finished_message(run_dir, state), flush=True)
-        summary_path = storage.join(run_dir, "summary.json")
-        return json.loads(storage.read_text(summary_path)) if storage.exists(summary_path) else {}
+        return summary
     _check_env(configs["run"])
     if state.resumes:
         signals.set_nothing_saved(

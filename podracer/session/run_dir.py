@@ -13,11 +13,13 @@ is always named.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
 from typing import NamedTuple
 
+from podracer.errors import PodracerError
 from podracer.session import storage
 
 RUNS_ROOT = "runs"
@@ -127,3 +129,20 @@ def finished_message(run_dir: str, state: RunDirState) -> str:
             f"--total-steps={state.total_steps:,}); nothing to do. Its results: "
             f"{', '.join(storage.join(run_dir, name) for name in outputs)}. "
             f"Pass a larger --total-steps to train it further, or leave out --run-dir for a new run.")
+
+
+def finished_summary(run_dir: str) -> dict:
+    """A finished run's `summary.json` ({} without one); one line if it cannot be read."""
+    path = storage.join(run_dir, "summary.json")
+    if not storage.exists(path):
+        return {}
+    try:
+        summary = json.loads(storage.read_text(path))
+        detail = None if isinstance(summary, dict) else "not a JSON object"
+    except (ValueError, OSError) as err:  # cut short, edited, or not UTF-8
+        detail = type(err).__name__
+    if detail:
+        raise PodracerError(f"{path} is damaged ({detail}); its checkpoints are untouched: delete "
+                            f"{path} and evaluate the run with `eval --run-dir={run_dir}`, or pass a larger "
+                            f"--total-steps to train further and write a new summary")
+    return summary
