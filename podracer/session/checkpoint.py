@@ -45,7 +45,7 @@ RESUMABLE_CHANGES = {
     ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
     ("logging", "wandb"), ("logging", "wandb_project"),
     ("distributed", "num_processes"), ("distributed", "coordinator"), ("distributed", "process_id"),
-    ("distributed", "distributed"),
+    ("distributed", "distributed"), ("distributed", "join_timeout_s"),
     ("sebulba", "actor_devices"), ("sebulba", "learner_devices"), ("sebulba", "env_threads"),
     ("sebulba", "log_every"),
 }

@@ -161,6 +161,29 @@ def probe_writable(run_dir: str, flag: str = "--run-dir") -> None:
                             f"path you can write to (and check your Google Cloud credentials)") from None
 
 
+def probe_creatable(path: str, flag: str) -> None:
+    """Prove that the local file or directory `path` (and its missing parents) can be created,
+    leaving nothing behind; one-line error naming the option `flag` that gave it if not.
+
+    A file is created and removed in the nearest directory that exists, so a
+    path under a file, on a read-only disk or in a directory without write
+    permission is refused before anything runs. (`gs://` paths: `probe_writable`.)
+    """
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    probe = os.path.join(folder, f".write-test-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise PodracerError(f"cannot write {flag}={path} ({err.strerror}: {folder}); "
+                            f"pass a path you can write to") from None
+
+
 def failure(err: BaseException) -> str:
     """What went wrong in a Cloud Storage call, in a few words (gcsfs raises OSError subclasses
     and HTTP errors whose text is often a URL)."""
