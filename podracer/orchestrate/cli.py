@@ -18,7 +18,8 @@ from podracer import population
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
 from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
-from podracer.session import signals, startup, storage
+from podracer.orchestrate import preflight
+from podracer.session import lock, signals, startup, storage
 from podracer.session.checkpoint import check_resumable
 from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, finished_message,
                                       finished_summary, link_latest, prepare_run_dir, unlink_new_run)
@@ -58,10 +59,15 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
             print(finished_message(run_dir, state), flush=True)
         return summary
     _check_env(configs["run"])
+    preflight.check(configs)
+    signals.set_stop_timeout(configs["checkpoint"].stop_timeout_s)
     if state.resumes:
         signals.set_nothing_saved(
             f"the checkpoint at env step {state.checkpoint_steps:,} in {run_dir} is untouched")
     new_dir = not state.resumes and not storage.exists(run_dir)
+    # One writer per run directory, taken before anything is written there.
+    held = lock.acquire(run_dir) if main_process else None
+    signals.release_before_exit(held.release if held else None)
     previous_latest = None
     if "run_dir" not in parsed.given and main_process:
         prepare_run_dir(run_dir)
@@ -73,8 +79,13 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
         summary, _ = trainer(configs)
     except PodracerError:
         if new_dir and main_process:  # refused while building: leave no empty run behind
+            held.release()
             unlink_new_run(run_dir, previous_latest)
         raise
+    finally:
+        signals.release_before_exit(None)
+        if held:
+            held.release()
     return summary
 
 
