@@ -21,8 +21,9 @@ from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
 from podracer.orchestrate import preflight
 from podracer.session import lock, signals, startup, storage
 from podracer.session.checkpoint import check_resumable
-from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, finished_message,
-                                      finished_summary, link_latest, prepare_run_dir, unlink_new_run)
+from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, disk_full_is_one_line,
+                                      finished_message, finished_summary, link_latest, prepare_run_dir,
+                                      unlink_new_run)
 
 __all__ = ["main", "parse", "parse_configs", "run", "train"]
 
@@ -76,7 +77,8 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
         print(first_line(parsed, state, split), flush=True)
         print("compiling the training program (the first progress line follows it)", flush=True)
     try:
-        summary, _ = trainer(configs)
+        with disk_full_is_one_line(run_dir):
+            summary, _ = trainer(configs)
     except PodracerError:
         if new_dir and main_process:  # refused while building: leave no empty run behind
             held.release()

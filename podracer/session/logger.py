@@ -22,8 +22,9 @@ import json
 import math
 import os
 import sys
+import threading
 import time
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from podracer.errors import PodracerError
 from podracer.session import storage
@@ -178,29 +179,41 @@ class RunLogger:
         if enabled:
             self._file = self._open_metrics(resume_steps)
             # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
-            self._tensorboard = summary_writer_class()(self.staging.path(TENSORBOARD))
+            # tensorboardX writes on a thread of its own, which a failed write ends; a queue deep
+            # enough that the rows logged until `log` notices never block on a dead writer.
+            _watch_event_writers()
+            self._tensorboard = summary_writer_class()(self.staging.path(TENSORBOARD), max_queue=EVENT_QUEUE)
 
-    def _open_metrics(self, resume_steps: int) -> TextIO:
-        """A fresh file, or, when resuming, the run directory's rows up to the checkpoint, then append."""
+    def _open_metrics(self, resume_steps: int) -> BinaryIO:
+        """A fresh file, or, when resuming, the run directory's rows up to the checkpoint, then append.
+
+        Rows are appended whole (`_append_line`); a line cut short anyway (a
+        file written before that, or another tool's) is dropped with a warning.
+        """
         path = self.staging.path(METRICS)
         if not resume_steps:
-            return open(path, "w")
-        kept = []
+            return open(path, "wb", buffering=0)
+        kept, torn = [], 0
         published = storage.join(self.run_dir, METRICS)
         if storage.exists(published):
             for line in storage.read_text(published).splitlines(keepends=True):
                 try:
                     row = json.loads(line)
                 except ValueError:  # a line cut short by a kill
+                    torn += 1
                     continue
                 if row.get("env_steps", 0) <= resume_steps:
                     kept.append(line if line.endswith("\n") else line + "\n")
                     if row.get("episode_return_mean") is not None:
                         self.last_return = row["episode_return_mean"]
+        if torn:
+            print(f"warning: dropped {torn} line{'s' if torn > 1 else ''} of {published} cut short by an "
+                  f"earlier stop; the rows up to the checkpoint at env step {resume_steps:,} are kept",
+                  file=sys.stderr, flush=True)
         with open(path + ".tmp", "w") as f:
             f.writelines(kept)
         os.replace(path + ".tmp", path)
-        return open(path, "a")
+        return open(path, "ab", buffering=0)
 
     def elapsed(self) -> float:
         """Seconds since the logger was made: the `wall_s` of rows and the summary."""
@@ -226,8 +239,8 @@ class RunLogger:
         self.rows += 1
         if not self.enabled:
             return
-        self._file.write(json.dumps(metrics) + "\n")
-        self._file.flush()
+        _append_line(self._file, json.dumps(metrics) + "\n")
+        _raise_writer_failure(self.staging.path(TENSORBOARD))
         scalars = {key: value for key, value in metrics.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_steps"}
         for key, value in scalars.items():
@@ -318,6 +331,56 @@ class RunLogger:
                 self.stream.write(format_profile(summary["profile"]))
             self.stream.flush()
         return summary
+
+
+# Events queued for tensorboardX's writer thread; a put blocks beyond them.
+EVENT_QUEUE = 1000
+_writer_failures: list[BaseException] = []  # errors that ended a tensorboardX writer thread
+
+
+def _watch_event_writers() -> None:
+    """Record (rather than print) the error that ends a tensorboardX writer thread, for `log` to raise.
+
+    Its thread dies on a failed write (a full disk) and every later event waits
+    for it forever: a run would hang where it must stop with one line.
+    """
+    _writer_failures.clear()
+    previous = threading.excepthook
+    if getattr(previous, "records_event_writers", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__module__.startswith("tensorboardX"):
+            _writer_failures.append(args.exc_value)
+        else:
+            previous(args)
+
+    hook.records_event_writers = True
+    threading.excepthook = hook
+
+
+def _raise_writer_failure(where: str) -> None:
+    if not _writer_failures:
+        return
+    failure = _writer_failures[-1]
+    if storage.disk_full(failure):
+        raise failure
+    raise PodracerError(f"writing TensorBoard events to {where} failed ({type(failure).__name__}: {failure}); "
+                        f"check that disk, then run the same command to resume")
+
+
+def _append_line(file: BinaryIO, line: str) -> None:
+    """Append `line` to an unbuffered file whole, or not at all: an error midway (a full disk)
+    cuts the file back to where it was, so no reader ever finds half a row."""
+    data = line.encode()
+    start = file.seek(0, os.SEEK_END)
+    try:
+        written = 0
+        while written < len(data):
+            written += file.write(data[written:])
+    except BaseException:
+        file.truncate(start)
+        raise
 
 
 def _format(value: Any) -> str:

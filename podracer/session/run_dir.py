@@ -13,11 +13,12 @@ is always named.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 from podracer.errors import PodracerError
 from podracer.session import storage
@@ -72,6 +73,8 @@ def unlink_new_run(run_dir: str, previous_latest: str | None) -> None:
         return
     if os.path.isdir(run_dir) and not os.listdir(run_dir):
         os.rmdir(run_dir)
+    if os.path.lexists(run_dir):  # it holds what the run wrote: it stays the latest run
+        return
     latest = os.path.join(os.path.dirname(os.path.normpath(run_dir)), LATEST)
     if os.path.islink(latest) and os.readlink(latest) == os.path.basename(os.path.normpath(run_dir)):
         os.remove(latest)
@@ -146,3 +149,25 @@ def finished_summary(run_dir: str) -> dict:
                             f"{path} and evaluate the run with `eval --run-dir={run_dir}`, or pass a larger "
                             f"--total-steps to train further and write a new summary")
     return summary
+
+
+@contextlib.contextmanager
+def disk_full_is_one_line(run_dir: str) -> Iterator[None]:
+    """A full disk (or quota) inside the block becomes one line that says which checkpoint is kept."""
+    try:
+        yield
+    except PodracerError:
+        raise
+    except Exception as err:
+        words = storage.disk_full(err)
+        if words is None:
+            raise
+        from podracer.session.checkpoint import checkpoint_steps
+
+        kept = "nothing was saved yet"
+        with contextlib.suppress(Exception):
+            steps = checkpoint_steps(run_dir)  # complete ones only
+            if steps:
+                kept = f"the last complete checkpoint (env step {steps[-1]:,}) is kept"
+        raise PodracerError(f"the disk holding --run-dir={run_dir} is full ({words}); stopped, {kept}; "
+                            f"free space, then run the same command to resume") from None

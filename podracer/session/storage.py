@@ -26,6 +26,7 @@ libraries document them); nothing here chooses either.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import shutil
@@ -182,6 +183,24 @@ def probe_creatable(path: str, flag: str) -> None:
     except OSError as err:
         raise PodracerError(f"cannot write {flag}={path} ({err.strerror}: {folder}); "
                             f"pass a path you can write to") from None
+
+
+def disk_full(err: BaseException | None) -> str | None:
+    """The system's words when `err`, or an error that led to it, is a full disk or quota; else None.
+
+    Python raises OSError(ENOSPC); tensorstore (orbax's arrays) a ValueError
+    that quotes the system's message.
+    """
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return os.strerror(err.errno)
+        for words in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)):
+            if words in str(err):
+                return words
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def failure(err: BaseException) -> str:
