@@ -194,7 +194,7 @@ class Lease:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._renewing.join(timeout=10)
+        self._renewing.join(timeout=RENEW_S)  # a renewal in flight: its generation is the one to delete
         with contextlib.suppress(Exception):  # a lease left behind goes stale by itself
             self._blob.delete(if_generation_match=self._generation)
 

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import time
 from typing import Iterator, NamedTuple
 
@@ -153,7 +154,16 @@ def finished_summary(run_dir: str) -> dict:
 
 @contextlib.contextmanager
 def disk_full_is_one_line(run_dir: str) -> Iterator[None]:
-    """A full disk (or quota) inside the block becomes one line that says which checkpoint is kept."""
+    """A full disk (or quota) inside the block becomes one line that says which checkpoint is kept.
+
+    An asynchronous save cut short leaves tensorstore completing writes for an
+    event loop orbax has closed; each reports a traceback as an unraisable
+    error. Those are held back while the block runs, shown if it ends otherwise,
+    and dropped (then and from then on: the process is ending) after a full disk.
+    """
+    previous, held = sys.unraisablehook, []
+    sys.unraisablehook = held.append
+    full = False
     try:
         yield
     except PodracerError:
@@ -162,6 +172,7 @@ def disk_full_is_one_line(run_dir: str) -> Iterator[None]:
         words = storage.disk_full(err)
         if words is None:
             raise
+        full = True
         from podracer.session.checkpoint import checkpoint_steps
 
         kept = "nothing was saved yet"
@@ -171,3 +182,8 @@ def disk_full_is_one_line(run_dir: str) -> Iterator[None]:
                 kept = f"the last complete checkpoint (env step {steps[-1]:,}) is kept"
         raise PodracerError(f"the disk holding --run-dir={run_dir} is full ({words}); stopped, {kept}; "
                             f"free space, then run the same command to resume") from None
+    finally:
+        sys.unraisablehook = (lambda unraisable: None) if full else previous
+        if not full:
+            for unraisable in held:
+                previous(unraisable)

@@ -135,12 +135,23 @@ def _stop_overdue(signum: int) -> None:
     os._exit(128 + signum)
 
 
+# A bucket that does not answer must not hold up the exit: the lease then goes stale by itself.
+RELEASE_WAIT_S = 2.0
+
+
 def _give_up_run_dir() -> None:
-    if _release is not None:
+    if _release is None:
+        return
+
+    def release():
         try:
             _release()
         except Exception:  # noqa: BLE001 - ending now matters more
             pass
+
+    releasing = threading.Thread(target=release, name="podracer-release", daemon=True)
+    releasing.start()
+    releasing.join(RELEASE_WAIT_S)
 
 
 def _exit_now(signum: int) -> None:
