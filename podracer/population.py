@@ -105,11 +105,6 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, li
                 detail = str(err) if "must" in str(err) else f"expected {kind.__name__}, got {text.strip()!r}"
                 raise PodracerError(f"--sweep {_flag(field)}: {detail}") from None
             parsed.append(value)
-        repeated = sorted({value for value in parsed if parsed.count(value) > 1})
-        if repeated:
-            raise PodracerError(f"--sweep {_flag(field)} lists {', '.join(map(str, repeated))} more than once: "
-                                f"those agents would be identical, not seeds; list each value once "
-                                f"(--num-seeds gives each setting several seeds)")
         out[field] = parsed
     return out
 
@@ -119,6 +114,12 @@ def settings_of(sweeps: dict[str, list[float]], as_given: bool) -> list[dict[str
     if not sweeps:
         return [{}]
     if not as_given:
+        for name, values in sweeps.items():
+            repeated = sorted({value for value in values if values.count(value) > 1})
+            if repeated:
+                raise PodracerError(f"--sweep {_flag(name)} lists {', '.join(map(str, repeated))} more than once: "
+                                    f"those agents would be identical, not seeds; list each value once "
+                                    f"(--num-seeds gives each setting several seeds)")
         return [dict(zip(sweeps, values)) for values in itertools.product(*sweeps.values())]
     lengths = {name: len(values) for name, values in sweeps.items()}
     if len(set(lengths.values())) > 1:

@@ -60,7 +60,7 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
             print(finished_message(run_dir, state), flush=True)
         return summary
     _check_env(configs["run"])
-    preflight.check(configs)
+    preflight.check(configs, main_process)
     signals.set_stop_timeout(configs["checkpoint"].stop_timeout_s)
     if state.resumes:
         signals.set_nothing_saved(

@@ -1,4 +1,9 @@
-"""What can be found wrong before compiling, found before compiling: a batch too large for memory.
+"""What can be found wrong before compiling, found before compiling: the dataset paths, a batch too
+large for memory.
+
+`--record-dataset` and `--init-from-dataset` are checked here, before the run
+directory is taken (`podracer.data.train_hooks.check_data_config`; the run
+session checks them again for a run started from Python).
 
 A batch larger than the devices can hold used to be found by XLA's allocator
 after compilation, in a 50-line trace. The one array every rollout holds,
@@ -21,8 +26,14 @@ from podracer.errors import PodracerError
 GIB = 2**30
 
 
-def check(configs: dict[str, Any]) -> None:
-    """Refuse a run whose rollout cannot fit in memory (others are checked where they are built)."""
+def check(configs: dict[str, Any], main_process: bool = True) -> None:
+    """Refuse a run whose dataset paths are wrong or whose rollout cannot fit in memory (other
+    settings are checked where they are built). `main_process`: this process records the dataset."""
+    data = configs["data"]
+    if data.record_dataset or data.init_from_dataset:
+        from podracer.data.train_hooks import check_data_config
+
+        check_data_config(data, writes=main_process)
     needed = rollout_bytes(configs)
     if needed is None:
         return
