@@ -207,7 +207,12 @@ def _blob(url: str):
         raise PodracerError(f"--run-dir={url.rsplit('/', 1)[0]} needs google-cloud-storage; "
                             f"pip install 'podracer-rl[{storage.EXTRA}]'") from None
     bucket, _, name = url[len(storage.REMOTE_SCHEME):].partition("/")
-    return gcs.Client().bucket(bucket).blob(name)
+    try:
+        client = gcs.Client()
+    except Exception as err:  # noqa: BLE001 - no credentials, no project: google-auth's many types
+        raise PodracerError(f"cannot reach Cloud Storage for {url} ({storage.failure(err)}); check your "
+                            f"Google Cloud credentials (gcloud auth application-default login)") from None
+    return client.bucket(bucket).blob(name)
 
 
 def acquire(run_dir: str) -> LocalLock | Lease:

@@ -112,7 +112,7 @@ def _watch(read_fd: int) -> None:
             with _lock:
                 if not _training:
                     _exit_now(data[0])
-                if _overdue is None:
+                if _overdue is None and data[0] in SIGNALS:
                     _overdue = threading.Timer(_stop_timeout_s, _stop_overdue, (data[0],))
                     _overdue.daemon = True
                     _overdue.start()

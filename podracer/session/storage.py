@@ -146,9 +146,7 @@ def probe_writable(run_dir: str, flag: str = "--run-dir") -> None:
     if not is_remote(run_dir):
         try:
             os.makedirs(run_dir, exist_ok=True)
-            with open(probe, "w"):
-                pass
-            os.remove(probe)
+            _create_and_remove(probe)
         except OSError as err:
             raise PodracerError(f"cannot write to {flag}={run_dir} ({err.strerror}); "
                                 f"pass a directory you can write to") from None
@@ -175,14 +173,17 @@ def probe_creatable(path: str, flag: str) -> None:
         folder = os.path.dirname(folder)
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)
-    probe = os.path.join(folder, f".write-test-{uuid.uuid4().hex[:12]}")
     try:
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
+        _create_and_remove(os.path.join(folder, f".write-test-{uuid.uuid4().hex[:12]}"))
     except OSError as err:
         raise PodracerError(f"cannot write {flag}={path} ({err.strerror}: {folder}); "
                             f"pass a path you can write to") from None
+
+
+def _create_and_remove(local_path: str) -> None:
+    with open(local_path, "w"):
+        pass
+    os.remove(local_path)
 
 
 def disk_full(err: BaseException | None) -> str | None:
