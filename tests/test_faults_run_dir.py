@@ -152,11 +152,13 @@ def test_rerunning_a_finished_run_with_a_damaged_summary_is_one_line(finished_ru
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A 700 KiB tmpfs (room for a few checkpoints of the small run), unmounted afterwards."""
+def small_disk(tmp_path, request):
+    """A tmpfs of `request.param` (default 700k: room for a few checkpoints of the small run),
+    unmounted afterwards."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", str(mount)],
+    size = getattr(request, "param", "700k")
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                             capture_output=True, text=True)
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root, as CI has): {result.stderr.strip()}")
@@ -185,6 +187,19 @@ def test_a_full_disk_ends_the_run_in_seconds_with_one_line_and_it_resumes(small_
     assert summary["resumed_from_env_steps"] == kept[-1] and summary["env_steps"] == 40960
     steps = [row["env_steps"] for row in _rows(run_dir)]
     assert rows and steps == sorted(set(steps)) and steps[-1] == 40960
+
+
+@pytest.mark.parametrize("small_disk", ["64k"], indirect=True)
+def test_a_disk_that_fills_while_logging_ends_the_run_in_seconds(small_disk):
+    # TensorBoard's writer thread dies on the full disk first; the run once waited on it forever.
+    run_dir = small_disk / "run"
+    started = time.monotonic()
+    result = _launch([*RUN, "--total-steps=50000000", "--checkpoint-every=0", f"--run-dir={run_dir}"],
+                     timeout=120)
+    assert time.monotonic() - started < 60
+    line = _one_line(result.stderr)
+    assert result.returncode == 2 and "is full (No space left on device)" in line, line
+    assert _rows(run_dir)  # the rows written are whole
 
 
 def test_sigterm_ends_a_run_whose_save_is_blocked(gcs_emulator, gcs_bucket):
