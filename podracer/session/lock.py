@@ -153,8 +153,10 @@ class Lease:
         except self._precondition:
             pass
         except exceptions.GoogleAPICallError as err:
-            raise PodracerError(f"cannot write to --run-dir={self.run_dir} ({err.message}); pass a bucket "
-                                f"and path you can write to") from None
+            detail = ("no such bucket" if isinstance(err, exceptions.NotFound) else
+                      "permission denied" if isinstance(err, exceptions.Forbidden) else err.message)
+            raise PodracerError(f"cannot write to --run-dir={self.run_dir} ({detail}); pass a bucket and path "
+                                f"you can write to (and check your Google Cloud credentials)") from None
         try:  # held, or was: whose, and since when was it renewed?
             self._blob.reload()
             holder = Holder.parse(self._blob.download_as_text(if_generation_match=self._blob.generation))

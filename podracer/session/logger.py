@@ -22,12 +22,11 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 from typing import Any, BinaryIO, TextIO
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer.session import storage, writers
 
 # The clock the logger reads; a module attribute so that tests can drive it.
 clock = time.perf_counter
@@ -179,15 +178,15 @@ class RunLogger:
         if enabled:
             self._file = self._open_metrics(resume_steps)
             # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
-            # tensorboardX writes on a thread of its own, which a failed write ends; a queue deep
-            # enough that the rows logged until `log` notices never block on a dead writer.
-            _watch_event_writers()
-            self._tensorboard = summary_writer_class()(self.staging.path(TENSORBOARD), max_queue=EVENT_QUEUE)
+            # A queue deep enough that rows logged before `log` notices a dead writer never block on it.
+            writers.watch_event_writers()
+            self._tensorboard = summary_writer_class()(self.staging.path(TENSORBOARD),
+                                                       max_queue=writers.EVENT_QUEUE)
 
     def _open_metrics(self, resume_steps: int) -> BinaryIO:
         """A fresh file, or, when resuming, the run directory's rows up to the checkpoint, then append.
 
-        Rows are appended whole (`_append_line`); a line cut short anyway (a
+        Rows are appended whole (`writers.append_line`); a line cut short anyway (a
         file written before that, or another tool's) is dropped with a warning.
         """
         path = self.staging.path(METRICS)
@@ -239,8 +238,8 @@ class RunLogger:
         self.rows += 1
         if not self.enabled:
             return
-        _append_line(self._file, json.dumps(metrics) + "\n")
-        _raise_writer_failure(self.staging.path(TENSORBOARD))
+        writers.append_line(self._file, json.dumps(metrics) + "\n")
+        writers.raise_writer_failure(self.staging.path(TENSORBOARD))
         scalars = {key: value for key, value in metrics.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_steps"}
         for key, value in scalars.items():
@@ -331,56 +330,6 @@ class RunLogger:
                 self.stream.write(format_profile(summary["profile"]))
             self.stream.flush()
         return summary
-
-
-# Events queued for tensorboardX's writer thread; a put blocks beyond them.
-EVENT_QUEUE = 1000
-_writer_failures: list[BaseException] = []  # errors that ended a tensorboardX writer thread
-
-
-def _watch_event_writers() -> None:
-    """Record (rather than print) the error that ends a tensorboardX writer thread, for `log` to raise.
-
-    Its thread dies on a failed write (a full disk) and every later event waits
-    for it forever: a run would hang where it must stop with one line.
-    """
-    _writer_failures.clear()
-    previous = threading.excepthook
-    if getattr(previous, "records_event_writers", False):
-        return
-
-    def hook(args):
-        if type(args.thread).__module__.startswith("tensorboardX"):
-            _writer_failures.append(args.exc_value)
-        else:
-            previous(args)
-
-    hook.records_event_writers = True
-    threading.excepthook = hook
-
-
-def _raise_writer_failure(where: str) -> None:
-    if not _writer_failures:
-        return
-    failure = _writer_failures[-1]
-    if storage.disk_full(failure):
-        raise failure
-    raise PodracerError(f"writing TensorBoard events to {where} failed ({type(failure).__name__}: {failure}); "
-                        f"check that disk, then run the same command to resume")
-
-
-def _append_line(file: BinaryIO, line: str) -> None:
-    """Append `line` to an unbuffered file whole, or not at all: an error midway (a full disk)
-    cuts the file back to where it was, so no reader ever finds half a row."""
-    data = line.encode()
-    start = file.seek(0, os.SEEK_END)
-    try:
-        written = 0
-        while written < len(data):
-            written += file.write(data[written:])
-    except BaseException:
-        file.truncate(start)
-        raise
 
 
 def _format(value: Any) -> str:
