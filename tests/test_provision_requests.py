@@ -245,12 +245,11 @@ def test_without_the_tpu_extra_the_error_says_how_to_install_it(monkeypatch, cap
     assert "needs google.cloud.tpu_v2" in err and 'pip install "podracer-rl[tpu]"' in err
 
 
-def test_every_provisioner_flag_is_in_the_readme_flags_table():
+def test_every_provisioner_flag_is_in_the_docs_flags_table():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Run on a TPU pod slice", 1)[1].split("\n## ", 1)[0]
-    table = section.split("### Flags", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tpu.md").read_text()
+    table = page.split("\n## Flags", 1)[1].split("\n## ", 1)[0]
     missing = [flag for flag in provisioner_flags("run")
                if flag != "--help" and f"`{flag}" not in table and f" {flag}=" not in table]
     assert missing == []

@@ -17,9 +17,10 @@ from podracer import config as run_config
 from podracer import population
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
-from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
 from podracer.orchestrate import preflight
-from podracer.session import lock, signals, startup, storage
+from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs, triple
+from podracer.orchestrate.plan import rounding_note
+from podracer.session import heartbeat, lock, signals, startup, storage
 from podracer.session.checkpoint import check_resumable
 from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, disk_full_is_one_line,
                                       finished_message, finished_summary, link_latest, prepare_run_dir,
@@ -75,7 +76,7 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
         previous_latest = link_latest(run_dir)
     if main_process:
         print(first_line(parsed, state, split), flush=True)
-        print("compiling the training program (the first progress line follows it)", flush=True)
+        heartbeat.begin(f"compiling {_what_compiles(configs)}")  # ended when training starts
     try:
         with disk_full_is_one_line(run_dir):
             summary, _ = trainer(configs)
@@ -85,10 +86,18 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
             unlink_new_run(run_dir, previous_latest)
         raise
     finally:
+        heartbeat.end()
         signals.release_before_exit(None)
         if held:
             held.release()
     return summary
+
+
+def _what_compiles(configs: dict[str, Any]) -> str:
+    run = configs["run"]
+    agents = (f", {len(population.agents(configs))} agents in one program"
+              if population.is_population(configs) else "")
+    return f"the training program of {run.arch} {run.algo} on {run.env}{agents}"
 
 
 def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
@@ -103,6 +112,8 @@ def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
     processes = f" over {jax.process_count()} processes" if jax.process_count() > 1 else ""
     where = (f"resuming {run_cfg.run_dir} from env step {state.checkpoint_steps:,}" if state.resumes
              else f"new run in {run_cfg.run_dir}")
+    rounded = rounding_note(parsed.configs)
+    where += f"; {rounded}" if rounded else ""
     changed = parsed.differences()
     settings = f"; not defaults: {' '.join(changed)}" if changed else "; default settings"
     why = (f" (one per core, each running its share of the {_split_units(parsed.configs)}; "
@@ -308,6 +319,14 @@ def _main(argv: list[str], entry: bool) -> int:
 
             logging.getLogger("absl").setLevel(logging.CRITICAL)
             return evaluate_main(argv[1:])
+        if argv[:1] == ["plot"]:
+            from podracer.plot import main as plot_main
+
+            return plot_main(argv[1:], prog="podracer plot")
+        if {"-h", "--help"} & set(argv) and any(a == "--env" or a.startswith("--env=") for a in argv):
+            arch, _, env = triple(argv)  # help shows that environment's defaults: it must be one
+            if arch in run_config.ARCHS:
+                _check_env(run_config.RunConfig(arch=arch, env=env))
         parsed = parse(argv)
         if parsed.print_config:
             print(config_text(parsed))

@@ -100,7 +100,7 @@ def slice_run_dir(bucket: str | None, training_flags: Sequence[str], slice_name:
     if bucket is None:
         raise PodracerError(
             "a slice's results need a bucket (its disks are deleted with it): pass "
-            "--bucket=gs://BUCKET (or --run-dir=gs://BUCKET/PATH); see the README's TPU section")
+            "--bucket=gs://BUCKET (or --run-dir=gs://BUCKET/PATH); see docs/tpu.md")
     from podracer.orchestrate.parse import parse
 
     run = parse(list(training_flags)).configs["run"]

@@ -22,6 +22,7 @@ through `self.staging` (`podracer.session.storage`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import signal
 import threading
@@ -40,7 +41,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
-from podracer.session import program_cache, startup, storage
+from podracer.session import heartbeat, program_cache, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -69,6 +70,19 @@ def _import_quietly(module: str) -> None:
         pass
 
 
+def _closing_loggers_on_failure(method: Callable) -> Callable:
+    """`method`, which closes the session's loggers when it fails (`RunSession._close_loggers`)."""
+    @functools.wraps(method)
+    def wrapped(self: "RunSession", *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._close_loggers()
+            raise
+
+    return wrapped
+
+
 class RunSession:
     """The host side of one run: run directory, checkpoints, logging, profile, signals, summary."""
 
@@ -81,7 +95,6 @@ class RunSession:
         self.configs = configs
         self.run = configs["run"]
         self.data: DataConfig = configs["data"]
-        self.wall_start = time.perf_counter()
         self.startup = startup.take()  # since the process (or the `podracer.train` call) started
         self.main_process = parallel.is_main_process()
         # Everything that needs no compilation is checked before anything is built. A
@@ -182,9 +195,11 @@ class RunSession:
                                               self.run.seed)
         return train
 
+    @_closing_loggers_on_failure
     def start(self, total_steps: int, compile_s: float) -> RunLogger:
         """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
         self.compile_s = compile_s
+        heartbeat.end()  # the command line's "compiling ..." line ends before "compiled in"
         self.logger = RunLogger(self.run.run_dir, total_steps, enabled=self.main_process,
                                 resume_steps=self.resumed_from or 0, staging=self.staging,
                                 wandb_run=start_wandb(self.configs) if self.main_process else None)
@@ -240,12 +255,21 @@ class RunSession:
             if self.logger is not None:  # a failed run's rows so far still reach a gs:// run directory
                 with contextlib.suppress(Exception):
                     self.logger.sync()
+            self._close_loggers()
             self.staging.close()
             raise
         finally:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
                 self.checkpointer.close()
+
+    def _close_loggers(self) -> None:
+        """Close the failed run's metrics file, TensorBoard writer and W&B run now: left
+        to the interpreter's exit, their clean-up ends the run with a traceback on
+        Python 3.12 and later, which refuse new threads then."""
+        if self.logger is not None:
+            with contextlib.suppress(Exception):  # the failure that got here is the one to report
+                self.logger.close(failed=True)
 
     def _publish_trace(self, report: dict[str, Any]) -> dict[str, Any]:
         """Copy the trace to a gs:// run directory; the report then names it there."""
@@ -283,6 +307,7 @@ class RunSession:
 
     # -- after training
 
+    @_closing_loggers_on_failure
     def finish(self, *, env_steps: int, new_steps: int, episode_return_mean: float | None,
                fingerprint_of: Any, devices: dict[str, int], extra: dict[str, Any],
                stopped: bool, policy: Callable[[], Any] | None = None,
@@ -328,7 +353,9 @@ class RunSession:
             # Sebulba's thread-seconds per operation; Anakin's host waits on the device
             # inside them, so there only a profile (`--profile`) breaks its time down.
             **(as_metrics(totals) if breakdown else {}),
-            "wall_s": time.perf_counter() - self.wall_start,
+            # From the same start as `time_to_first_step_s` (the process's, or the
+            # `podracer.train` call's), so that start-up is part of the wall time.
+            "wall_s": time.time() - self.startup.started,
             **({"profile": self.profile} if self.profile else {}),
             "config": config_record(used_configs(self.configs)),
         })
