@@ -280,8 +280,7 @@ class RunLogger:
             return
         self._closed = True
         self._file.close()
-        if not writers.event_writer_failed():  # closing waits for a dead writer's queue: forever
-            self._tensorboard.close()
+        self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish(exit_code=1 if failed else None)
 

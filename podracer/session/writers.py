@@ -40,11 +40,6 @@ def watch_event_writers() -> None:
     threading.excepthook = hook
 
 
-def event_writer_failed() -> bool:
-    """Whether a tensorboardX writer thread has died since `watch_event_writers`."""
-    return bool(_writer_failures)
-
-
 def raise_writer_failure(where: str) -> None:
     """Raise what ended a tensorboardX writer thread writing to `where`, if one did."""
     if not _writer_failures:
