@@ -14,7 +14,10 @@ from typing import Any
 
 import optax
 
-from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
+from podracer.bounds import NON_NEGATIVE, POSITIVE, SEED, bounded, check_bounds
+from podracer.errors import PodracerError
+
+INT32_MAX = 2**31 - 1
 
 ARCHS = ("anakin", "sebulba")
 ALGOS = ("ppo", "impala", "es")
@@ -70,7 +73,7 @@ class RunConfig:
     """Algorithm: ppo, impala (V-trace actor-critic) or es."""
     env: str = "CartPole-v1"
     """Environment id. anakin: gymnax ids (CartPole-v1) or a JAX suite as SUITE:ID (brax:inverted_pendulum, brax:fast, brax:NAME:BACKEND; jumanji:Snake-v1; craftax:Craftax-Classic-Symbolic-v1; navix:Navix-Empty-5x5-v0), each suite an extra: pip install -e ".[brax]" and so on. sebulba: envpool ids (Pong-v5), gymnasium:ID (gymnasium.make_vec) or py:MODULE:FUNCTION (FUNCTION(num_envs) returns a Gymnasium VectorEnv)."""
-    seed: int = bounded(0, NON_NEGATIVE)
+    seed: int = bounded(0, SEED)
     """Random seed; the same seed and global sizes give the same run on any device count."""
     total_steps: int = bounded(500_000, POSITIVE)
     """Environment steps to train for (over every device), rounded up to what a run trains at once: Anakin's whole calls (--updates-per-call updates of --num-envs x --rollout-len steps; ES: --generations-per-call generations), Sebulba's whole updates or ES generations. The progress line's total is the count trained."""
@@ -144,8 +147,13 @@ def make_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTrans
     """The optax chain for `config`; `total_steps` optimiser steps for the decay.
 
     Wrapped in `optax.flatten` so clipping and Adam run on one vector rather than
-    one small array per layer: fewer, larger kernels on every backend.
+    one small array per layer: fewer, larger kernels on every backend. optax
+    counts the steps in an int32, so a run of more is refused here, before
+    anything compiles.
     """
+    if total_steps > INT32_MAX:
+        raise PodracerError(f"--total-steps asks for {total_steps:,} optimizer steps, more than the "
+                            f"{INT32_MAX:,} an optimizer's int32 step counter holds; lower --total-steps")
     lr = optax.linear_schedule(config.lr, 0.0, max(1, total_steps)) if config.anneal_lr else config.lr
     return optax.flatten(optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
                                      optax.adam(lr, eps=config.adam_eps)))

@@ -12,7 +12,7 @@ from podracer.session import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                          restore_on_host)
 from podracer.acting import make_es_act
-from podracer.bounds import NON_NEGATIVE, POSITIVE, Bound, bounded, check_bounds
+from podracer.bounds import POSITIVE, SEED, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
 
@@ -179,7 +179,7 @@ class EvalConfig:
     """The run to evaluate (its latest checkpoint; runs/latest is the newest run)."""
     episodes: int = bounded(10, POSITIVE)
     """Episodes to average over."""
-    seed: int = bounded(0, NON_NEGATIVE)
+    seed: int = bounded(0, SEED)
     """Seed for the environments and sampled actions."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""

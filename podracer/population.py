@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from podracer.bounds import POSITIVE, bounded, check_bounds
+from podracer.bounds import POSITIVE, SEED, bounded, check_bounds
 from podracer.errors import PodracerError
 
 
@@ -114,13 +114,25 @@ def settings_of(sweeps: dict[str, list[float]], as_given: bool) -> list[dict[str
     if not sweeps:
         return [{}]
     if not as_given:
+        for name, values in sweeps.items():
+            repeated = sorted({value for value in values if values.count(value) > 1})
+            if repeated:
+                raise PodracerError(f"--sweep {_flag(name)} lists {', '.join(map(str, repeated))} more than once: "
+                                    f"those agents would be identical, not seeds; list each value once "
+                                    f"(--num-seeds gives each setting several seeds)")
         return [dict(zip(sweeps, values)) for values in itertools.product(*sweeps.values())]
     lengths = {name: len(values) for name, values in sweeps.items()}
     if len(set(lengths.values())) > 1:
         given = ", ".join(f"{_flag(n)} has {k}" for n, k in lengths.items())
         raise PodracerError(f"--sweep-as-given pairs the i-th values of every --sweep, so every list needs "
                             f"the same length ({given}); give equal lists or drop --sweep-as-given for the grid")
-    return [dict(zip(sweeps, values)) for values in zip(*sweeps.values())]
+    settings = [dict(zip(sweeps, values)) for values in zip(*sweeps.values())]
+    for i, setting in enumerate(settings):
+        if setting in settings[:i]:
+            raise PodracerError(f"--sweep-as-given makes the setting {setting_label(setting)} twice (settings "
+                                f"{settings.index(setting)} and {i}): those agents would be identical, not "
+                                f"seeds; change one value (--num-seeds gives each setting several seeds)")
+    return settings
 
 
 def agents(configs: dict[str, Any]) -> list[Agent]:
@@ -128,6 +140,9 @@ def agents(configs: dict[str, Any]) -> list[Agent]:
     population: PopulationConfig = configs.get("population", PopulationConfig())
     sweeps = parse_sweeps(population.sweep, configs)
     seed = configs["run"].seed
+    if seed + population.num_seeds - 1 > SEED.high:
+        raise PodracerError(f"--seed={seed} with --num-seeds={population.num_seeds} takes seeds past "
+                            f"{SEED.high} (the 32 bits of a JAX key); lower --seed")
     settings = settings_of(sweeps, population.sweep_as_given)
     return [Agent(i * population.num_seeds + s, seed + s, setting)
             for i, setting in enumerate(settings) for s in range(population.num_seeds)]

@@ -37,6 +37,9 @@ def check_path(path: str) -> None:
         import imageio  # noqa: F401
     except ImportError:
         raise PodracerError("--video needs imageio: pip install -e \".[video]\"") from None
+    from podracer.session.storage import probe_creatable
+
+    probe_creatable(path, "--video")  # before the policy is loaded and its episodes played
 
 
 def anakin_renderer(env_id: str, env) -> Callable:
@@ -100,6 +103,7 @@ def label(frame: np.ndarray, text: str) -> np.ndarray:
 def write(path: str, frames: list[np.ndarray], fps: int = 30) -> None:
     import imageio.v2 as imageio
 
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if path.lower().endswith(".gif"):
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     else:

@@ -13,13 +13,15 @@ tensorstore); podracer does not know it is there. tests/conftest.py's
 fixtures `gcs_emulator` and `gcs_bucket` give a test module one emulator, with
 the variables set in its environment.
 
-One fix makes the emulator answer media downloads as Cloud Storage does, which
-tensorstore (so orbax's OCDBT checkpoints) relies on: the object's generation in
-`x-goog-generation`, and the read preconditions `ifGenerationMatch` (412 when
-it differs) and `ifGenerationNotMatch` (304 when it is the same). The emulator
-(2026.7.19) sends no generation and ignores both, so a checkpoint whose
-manifest tensorstore re-reads after writing it fails with "Malformed
-StorageGeneration".
+Two fixes make the emulator answer as Cloud Storage does. Media downloads,
+which tensorstore (so orbax's OCDBT checkpoints) relies on: the object's
+generation in `x-goog-generation`, and the read preconditions
+`ifGenerationMatch` (412 when it differs) and `ifGenerationNotMatch` (304 when
+it is the same). The emulator (2026.7.19) sends no generation and ignores both,
+so a checkpoint whose manifest tensorstore re-reads after writing it fails with
+"Malformed StorageGeneration". Uploads and deletes: the write precondition
+`ifGenerationMatch` (0: only if absent; 412 when it does not hold), which the
+run directory's lease relies on and the emulator ignores.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Emulator(NamedTuple):
 
     url: str
     variables: dict[str, str]
+    pid: int = 0  # its server process (a test may pause it, as an unresponsive bucket)
 
     def client(self):
         """A google-cloud-storage client of this emulator (whatever this process's environment says)."""
@@ -88,7 +91,7 @@ def running_emulator(log_dir: str | os.PathLike) -> Iterator[Emulator]:
                                   stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_until_listening(log_path, server)
-            yield Emulator(url, emulator_variables(url))
+            yield Emulator(url, emulator_variables(url), server.pid)
         finally:
             server.kill()
             server.wait(timeout=30)
@@ -129,6 +132,41 @@ def _with_generation(download):
     return handler
 
 
+def _generation_of(storage, bucket: str, name: str | None) -> str:
+    """An object's generation, "0" when there is none (Cloud Storage's meaning of 0 in preconditions)."""
+    from gcp_storage_emulator.exceptions import NotFound
+
+    if not name:
+        return "0"
+    try:
+        return str(storage.get_file_obj(bucket, name).get("generation") or "0")
+    except NotFound:
+        return "0"
+
+
+def _with_write_precondition(handler, name_of):
+    """`handler` that first checks an upload's or delete's `ifGenerationMatch` (412 when it fails)."""
+
+    def checked(request, response, storage, *args, **kwargs):
+        match = request.query.get("ifGenerationMatch")
+        if match:
+            current = _generation_of(storage, request.params["bucket_name"], name_of(request))
+            if match[0] != current:
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                return None
+        return handler(request, response, storage, *args, **kwargs)
+
+    return checked
+
+
+def _upload_name(request) -> str | None:
+    if "name" in request.query:
+        return request.query["name"][0]
+    data = request.data
+    meta = data.get("meta") if isinstance(data, dict) else None
+    return (meta or {}).get("name") or (data.get("name") if isinstance(data, dict) else None)
+
+
 def serve(port: int) -> None:
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
@@ -137,11 +175,14 @@ def serve(port: int) -> None:
     # pauses a worker with SIGSTOP) would hold it for everyone; as a real server
     # does, a connection silent this long is dropped.
     server.RequestHandler.timeout = STALLED_CLIENT_S
-    original = objects.download
-    patched = _with_generation(original)
-    objects.download = patched  # `objects.get` with alt=media calls it by name
+    replaced = {
+        objects.download: _with_generation(objects.download),
+        objects.insert: _with_write_precondition(objects.insert, _upload_name),
+        objects.delete: _with_write_precondition(objects.delete, lambda request: request.params["object_id"]),
+    }
+    objects.download = replaced[objects.download]  # `objects.get` with alt=media calls it by name
     server.HANDLERS = tuple(
-        (regex, {method: patched if fn is original else fn for method, fn in handlers.items()})
+        (regex, {method: replaced.get(fn, fn) for method, fn in handlers.items()})
         for regex, handlers in server.HANDLERS)
     emulator = server.create_server("127.0.0.1", port, in_memory=True)
     emulator.start()

@@ -82,7 +82,7 @@ def test_a_value_outside_its_range_is_refused(section, name, capsys):
     bound = bound_of(field)
     bad = bound.low - 1 if bound.low is not None else bound.high + 1
     if bound.high is not None and bound.low is not None:
-        bad = bound.high + 0.5
+        bad = bound.high + 0.5 if isinstance(field.default, float) else bound.high + 1
     if bound.low_open and bound.low is not None:
         bad = bound.low  # the open end itself
     flag = "--" + name.replace("_", "-")

@@ -71,6 +71,8 @@ def check_data_config(data: DataConfig, writes: bool = True) -> None:
         check_new_dataset_dir(data.record_dataset)
         if storage.is_remote(data.record_dataset):
             storage.probe_writable(data.record_dataset, "--record-dataset")
+        else:
+            storage.probe_creatable(data.record_dataset, "--record-dataset")
     if data.init_from_dataset:
         find_dataset_dir(data.init_from_dataset)
 

@@ -8,7 +8,6 @@ Nothing below this package reads `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -19,12 +18,14 @@ from podracer import config as run_config
 from podracer import population
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
+from podracer.orchestrate import preflight
 from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs, triple
 from podracer.orchestrate.plan import rounding_note
-from podracer.session import heartbeat, signals, startup, storage
+from podracer.session import heartbeat, lock, signals, startup, storage
 from podracer.session.checkpoint import check_resumable
-from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, finished_message,
-                                      link_latest, prepare_run_dir, unlink_new_run)
+from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, disk_full_is_one_line,
+                                      finished_message, finished_summary, link_latest, prepare_run_dir,
+                                      unlink_new_run)
 
 __all__ = ["main", "parse", "parse_configs", "run", "train"]
 
@@ -56,15 +57,20 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     state = _run_dir_state(configs)
     main_process = _is_main_process()
     if state.finished:
+        summary = finished_summary(run_dir)
         if main_process:
             print(finished_message(run_dir, state), flush=True)
-        summary_path = storage.join(run_dir, "summary.json")
-        return json.loads(storage.read_text(summary_path)) if storage.exists(summary_path) else {}
+        return summary
     _check_env(configs["run"])
+    preflight.check(configs, main_process)
+    signals.set_stop_timeout(configs["checkpoint"].stop_timeout_s)
     if state.resumes:
         signals.set_nothing_saved(
             f"the checkpoint at env step {state.checkpoint_steps:,} in {run_dir} is untouched")
     new_dir = not state.resumes and not storage.exists(run_dir)
+    # One writer per run directory, taken before anything is written there.
+    held = lock.acquire(run_dir) if main_process else None
+    signals.release_before_exit(held.release if held else None)
     previous_latest = None
     if "run_dir" not in parsed.given and main_process:
         prepare_run_dir(run_dir)
@@ -76,14 +82,18 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     from podracer.session.session import handing
 
     try:
-        with handing(HOOKS):
+        with handing(HOOKS), disk_full_is_one_line(run_dir):
             summary, _ = trainer(configs)
     except PodracerError:
         if new_dir and main_process:  # refused while building: leave no empty run behind
+            held.release()
             unlink_new_run(run_dir, previous_latest)
         raise
     finally:
         heartbeat.end()
+        signals.release_before_exit(None)
+        if held:
+            held.release()
     return summary
 
 

@@ -14,23 +14,27 @@ Three ways to run:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
-from podracer.bounds import POSITIVE, bounded, check_bounds
+from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 
 # Bounded waits: a peer that never shows up, or dies, ends the run with an error
 # instead of a hang.
 INIT_TIMEOUT_S = 60
+AUTO_INIT_TIMEOUT_S = 300  # a TPU VM slice's workers boot at their own pace
 HEARTBEAT_TIMEOUT_S = 20
 STOP_GRACE_S = 10
+JOIN_MARGIN_S = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,8 @@ class DistConfig:
     """This process's index (0 .. num-processes - 1) when joining with --coordinator."""
     distributed: str = "off"
     """off, or auto: jax.distributed.initialize() detects the cluster (TPU VM slices)."""
+    join_timeout_s: float = bounded(0.0, NON_NEGATIVE)
+    """Seconds a joining process waits for the coordinator to answer and for every process to join; then it stops with one line. 0: 60, or 300 with --distributed=auto."""
 
     def __post_init__(self):
         check_bounds(self)
@@ -66,21 +72,66 @@ class DistConfig:
 
 
 def initialize(config: DistConfig) -> None:
-    """Join the run described by `config` (a no-op for a single process)."""
+    """Join the run described by `config` (a no-op for a single process).
+
+    A process other than 0 first waits up to `--join-timeout-s` for the
+    coordinator's port to answer; then every process waits as long for the
+    others. JAX's own wait ends in a C++ abort (a stack trace, status 134), so
+    a watchdog ends the process first, with one line.
+    """
     import jax
 
-    if config.distributed == "auto":
-        jax.distributed.initialize(initialization_timeout=INIT_TIMEOUT_S * 5)
-    elif config.coordinator:
-        try:
+    if config.distributed == "off" and not config.coordinator:
+        return
+    timeout_s = config.join_timeout_s or (AUTO_INIT_TIMEOUT_S if config.distributed == "auto"
+                                          else INIT_TIMEOUT_S)
+    what = ("the processes of a TPU VM slice (--distributed=auto)" if config.distributed == "auto" else
+            f"the run at --coordinator={config.coordinator} as process {config.process_id} of "
+            f"{config.num_processes}")
+    if config.coordinator and config.process_id != 0:
+        wait_for_coordinator(config.coordinator, timeout_s)
+    watchdog = threading.Timer(timeout_s, _give_up_joining, (what, timeout_s))
+    watchdog.daemon = True
+    watchdog.start()
+    # JAX waits a little longer than the watchdog: the one line, not its abort, ends a failed join.
+    timeout = math.ceil(timeout_s) + JOIN_MARGIN_S
+    try:
+        if config.distributed == "auto":
+            jax.distributed.initialize(initialization_timeout=timeout)
+        else:
             jax.distributed.initialize(
                 config.coordinator, config.num_processes, config.process_id,
-                initialization_timeout=INIT_TIMEOUT_S, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
-        except Exception as err:
-            raise PodracerError(
-                f"could not join the run at --coordinator={config.coordinator} as process "
-                f"{config.process_id} of {config.num_processes} ({type(err).__name__}); "
-                f"start every process within {INIT_TIMEOUT_S} s with the same flags") from None
+                initialization_timeout=timeout, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    except Exception as err:
+        raise PodracerError(f"could not join {what} ({type(err).__name__}); start every process within "
+                            f"--join-timeout-s={timeout_s:g} s with the same flags") from None
+    finally:
+        watchdog.cancel()
+
+
+def _give_up_joining(what: str, timeout_s: float) -> None:
+    # Straight to the descriptor and out: the main thread is inside JAX's C++ wait.
+    os.write(2, f"error: could not join {what} within --join-timeout-s={timeout_s:g} s: not every "
+                f"process joined; start them all with the same flags, or raise --join-timeout-s\n".encode())
+    os._exit(PodracerError.exit_code)
+
+
+def wait_for_coordinator(address: str, timeout_s: float) -> None:
+    """Until a TCP connection to `address` (HOST:PORT) succeeds; one line after `timeout_s`."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)),
+                                          timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise PodracerError(
+                    f"no coordinator answered at --coordinator={address} within --join-timeout-s="
+                    f"{timeout_s:g} s ({err.strerror or type(err).__name__}); start process 0 first, "
+                    f"check the address and that the port is open, or raise --join-timeout-s") from None
+            time.sleep(0.2)
 
 
 def free_port() -> int:

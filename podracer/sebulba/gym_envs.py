@@ -21,6 +21,7 @@ ports: Knapsack-v1, Game2048-v1, ...) are read the same way.
 from __future__ import annotations
 
 import importlib
+import inspect
 import warnings
 
 import numpy as np
@@ -54,11 +55,28 @@ def make_vector_env(env_id: str, num_envs: int):
     except (ImportError, AttributeError, ValueError) as err:
         raise PodracerError(f"--env={env_id}: cannot import {function or '?'} from {module_name!r} "
                             f"({err}); name a factory as py:MODULE:FUNCTION, importable here") from None
-    envs = factory(num_envs)
+    envs = _call_factory(env_id, factory, function, num_envs)
     if not isinstance(envs, gymnasium.vector.VectorEnv) or envs.num_envs != num_envs:
         raise PodracerError(f"--env={env_id}: {function}({num_envs}) must return a "
                             f"gymnasium.vector.VectorEnv of {num_envs} environments")
     return envs
+
+
+def _call_factory(env_id: str, factory, function: str, num_envs: int):
+    """`factory(num_envs)`; a factory that cannot take that call, or fails in it, is one line."""
+    try:
+        inspect.signature(factory).bind(num_envs)
+    except TypeError:
+        raise PodracerError(f"--env={env_id}: {function} must take one argument, the number of "
+                            f"environments, as {function}(num_envs); its signature is "
+                            f"{function}{inspect.signature(factory)}") from None
+    except ValueError:  # a builtin without a signature: the call itself says
+        pass
+    try:
+        return factory(num_envs)
+    except Exception as err:  # noqa: BLE001 - the user's code: any failure is theirs to fix
+        raise PodracerError(f"--env={env_id}: {function}({num_envs}) raised {type(err).__name__}: "
+                            f"{(str(err).splitlines() or [''])[0]}; fix the factory") from None
 
 
 def _check_autoreset(envs, env_id: str) -> None:

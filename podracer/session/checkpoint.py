@@ -41,11 +41,11 @@ CHECKPOINT_DIR = "checkpoints"
 # index) and which host threads or devices act and learn.
 RESUMABLE_CHANGES = {
     ("run", "total_steps"), ("run", "run_dir"), ("run", "cpu_devices"), ("run", "compile_cache"),
-    ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"),
+    ("checkpoint", "checkpoint_every"), ("checkpoint", "keep_checkpoints"), ("checkpoint", "stop_timeout_s"),
     ("data", "record_dataset"), ("data", "record_episodes"), ("data", "record_deterministic"),
     ("logging", "wandb"), ("logging", "wandb_project"),
     ("distributed", "num_processes"), ("distributed", "coordinator"), ("distributed", "process_id"),
-    ("distributed", "distributed"),
+    ("distributed", "distributed"), ("distributed", "join_timeout_s"),
     ("sebulba", "actor_devices"), ("sebulba", "learner_devices"), ("sebulba", "env_threads"),
     ("sebulba", "log_every"),
 }
@@ -59,6 +59,8 @@ class CheckpointConfig:
     """Save every this many env steps (rounded up to whole host calls); 0: only at the end and on SIGTERM/SIGINT."""
     keep_checkpoints: int = bounded(3, POSITIVE)
     """Checkpoints to keep; older ones are deleted once a newer one is complete."""
+    stop_timeout_s: float = bounded(30.0, POSITIVE)
+    """After SIGTERM or Ctrl-C, seconds the run may take to save and write its results; past them (a save blocked on a disk or bucket that does not answer) it ends at once, the last complete checkpoint kept."""
 
     def __post_init__(self):
         check_bounds(self)
@@ -141,7 +143,10 @@ class Checkpointer:
         # What the (arch, algo) pair reads: a setting it ignores never blocks a resume.
         self.configs = config_record(used_configs(configs) if "run" in configs else configs)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True, create=create)
+            max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True, create=create,
+            # A save cut short (a kill, a full disk) leaves a temporary directory; this run holds the
+            # run directory alone (`podracer.session.lock`), so any it finds are such leftovers.
+            cleanup_tmp_directories=create)
         self.manager = ocp.CheckpointManager(checkpoint_dir(run_dir), options=options,
                                              item_names=("state", "meta"))
 

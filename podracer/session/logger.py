@@ -23,10 +23,10 @@ import math
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer.session import storage, writers
 
 # The clock the logger reads; a module attribute so that tests can drive it.
 clock = time.perf_counter
@@ -179,29 +179,41 @@ class RunLogger:
         if enabled:
             self._file = self._open_metrics(resume_steps)
             # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
-            self._tensorboard = summary_writer_class()(self.staging.path(TENSORBOARD))
+            # A queue deep enough that rows logged before `log` notices a dead writer never block on it.
+            writers.watch_event_writers()
+            self._tensorboard = summary_writer_class()(self.staging.path(TENSORBOARD),
+                                                       max_queue=writers.EVENT_QUEUE)
 
-    def _open_metrics(self, resume_steps: int) -> TextIO:
-        """A fresh file, or, when resuming, the run directory's rows up to the checkpoint, then append."""
+    def _open_metrics(self, resume_steps: int) -> BinaryIO:
+        """A fresh file, or, when resuming, the run directory's rows up to the checkpoint, then append.
+
+        Rows are appended whole (`writers.append_line`); a line cut short anyway (a
+        file written before that, or another tool's) is dropped with a warning.
+        """
         path = self.staging.path(METRICS)
         if not resume_steps:
-            return open(path, "w")
-        kept = []
+            return open(path, "wb", buffering=0)
+        kept, torn = [], 0
         published = storage.join(self.run_dir, METRICS)
         if storage.exists(published):
             for line in storage.read_text(published).splitlines(keepends=True):
                 try:
                     row = json.loads(line)
                 except ValueError:  # a line cut short by a kill
+                    torn += 1
                     continue
                 if row.get("env_steps", 0) <= resume_steps:
                     kept.append(line if line.endswith("\n") else line + "\n")
                     if row.get("episode_return_mean") is not None:
                         self.last_return = row["episode_return_mean"]
+        if torn:
+            print(f"warning: dropped {torn} line{'s' if torn > 1 else ''} of {published} cut short by an "
+                  f"earlier stop; the rows up to the checkpoint at env step {resume_steps:,} are kept",
+                  file=sys.stderr, flush=True)
         with open(path + ".tmp", "w") as f:
             f.writelines(kept)
         os.replace(path + ".tmp", path)
-        return open(path, "a")
+        return open(path, "ab", buffering=0)
 
     def elapsed(self) -> float:
         """Seconds since the logger was made: the `wall_s` of rows and the summary."""
@@ -227,8 +239,8 @@ class RunLogger:
         self.rows += 1
         if not self.enabled:
             return
-        self._file.write(json.dumps(metrics) + "\n")
-        self._file.flush()
+        writers.append_line(self._file, json.dumps(metrics) + "\n")
+        writers.raise_writer_failure(self.staging.path(TENSORBOARD))
         scalars = {key: value for key, value in metrics.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_steps"}
         for key, value in scalars.items():

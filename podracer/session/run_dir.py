@@ -13,11 +13,15 @@ is always named.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import sys
 import time
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
+from podracer.errors import PodracerError
 from podracer.session import storage
 
 RUNS_ROOT = "runs"
@@ -70,6 +74,8 @@ def unlink_new_run(run_dir: str, previous_latest: str | None) -> None:
         return
     if os.path.isdir(run_dir) and not os.listdir(run_dir):
         os.rmdir(run_dir)
+    if os.path.lexists(run_dir):  # it holds what the run wrote: it stays the latest run
+        return
     latest = os.path.join(os.path.dirname(os.path.normpath(run_dir)), LATEST)
     if os.path.islink(latest) and os.readlink(latest) == os.path.basename(os.path.normpath(run_dir)):
         os.remove(latest)
@@ -127,3 +133,57 @@ def finished_message(run_dir: str, state: RunDirState) -> str:
             f"--total-steps={state.total_steps:,}); nothing to do. Its results: "
             f"{', '.join(storage.join(run_dir, name) for name in outputs)}. "
             f"Pass a larger --total-steps to train it further, or leave out --run-dir for a new run.")
+
+
+def finished_summary(run_dir: str) -> dict:
+    """A finished run's `summary.json` ({} without one); one line if it cannot be read."""
+    path = storage.join(run_dir, "summary.json")
+    if not storage.exists(path):
+        return {}
+    try:
+        summary = json.loads(storage.read_text(path))
+        detail = None if isinstance(summary, dict) else "not a JSON object"
+    except (ValueError, OSError) as err:  # cut short, edited, or not UTF-8
+        detail = type(err).__name__
+    if detail:
+        raise PodracerError(f"{path} is damaged ({detail}); its checkpoints are untouched: delete "
+                            f"{path} and evaluate the run with `eval --run-dir={run_dir}`, or pass a larger "
+                            f"--total-steps to train further and write a new summary")
+    return summary
+
+
+@contextlib.contextmanager
+def disk_full_is_one_line(run_dir: str) -> Iterator[None]:
+    """A full disk (or quota) inside the block becomes one line that says which checkpoint is kept.
+
+    An asynchronous save cut short leaves tensorstore completing writes for an
+    event loop orbax has closed; each reports a traceback as an unraisable
+    error. Those are held back while the block runs, shown if it ends otherwise,
+    and dropped (then and from then on: the process is ending) after a full disk.
+    """
+    previous, held = sys.unraisablehook, []
+    sys.unraisablehook = held.append
+    full = False
+    try:
+        yield
+    except PodracerError:
+        raise
+    except Exception as err:
+        words = storage.disk_full(err)
+        if words is None:
+            raise
+        full = True
+        from podracer.session.checkpoint import checkpoint_steps
+
+        kept = "nothing was saved yet"
+        with contextlib.suppress(Exception):
+            steps = checkpoint_steps(run_dir)  # complete ones only
+            if steps:
+                kept = f"the last complete checkpoint (env step {steps[-1]:,}) is kept"
+        raise PodracerError(f"the disk holding --run-dir={run_dir} is full ({words}); stopped, {kept}; "
+                            f"free space, then run the same command to resume") from None
+    finally:
+        sys.unraisablehook = (lambda unraisable: None) if full else previous
+        if not full:
+            for unraisable in held:
+                previous(unraisable)

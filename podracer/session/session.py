@@ -354,3 +354,4 @@ class RunSession:
                      if self.last_saved is not None else "nothing was saved yet")
             raise Interrupted(signum, f"stopped by signal {signum} at env step {env_steps:,}; {saved}")
         return summary
+

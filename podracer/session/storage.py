@@ -26,6 +26,7 @@ libraries document them); nothing here chooses either.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import shutil
@@ -145,9 +146,7 @@ def probe_writable(run_dir: str, flag: str = "--run-dir") -> None:
     if not is_remote(run_dir):
         try:
             os.makedirs(run_dir, exist_ok=True)
-            with open(probe, "w"):
-                pass
-            os.remove(probe)
+            _create_and_remove(probe)
         except OSError as err:
             raise PodracerError(f"cannot write to {flag}={run_dir} ({err.strerror}); "
                                 f"pass a directory you can write to") from None
@@ -159,6 +158,50 @@ def probe_writable(run_dir: str, flag: str = "--run-dir") -> None:
     except Exception as err:  # noqa: BLE001 - gcsfs raises OSError subclasses and HTTP errors
         raise PodracerError(f"cannot write to {flag}={run_dir} ({failure(err)}); pass a bucket and "
                             f"path you can write to (and check your Google Cloud credentials)") from None
+
+
+def probe_creatable(path: str, flag: str) -> None:
+    """Prove that the local file or directory `path` (and its missing parents) can be created,
+    leaving nothing behind; one-line error naming the option `flag` that gave it if not.
+
+    A file is created and removed in the nearest directory that exists, so a
+    path under a file, on a read-only disk or in a directory without write
+    permission is refused before anything runs. (`gs://` paths: `probe_writable`.)
+    """
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    try:
+        _create_and_remove(os.path.join(folder, f".write-test-{uuid.uuid4().hex[:12]}"))
+    except OSError as err:
+        raise PodracerError(f"cannot write {flag}={path} ({err.strerror}: {folder}); "
+                            f"pass a path you can write to") from None
+
+
+def _create_and_remove(local_path: str) -> None:
+    with open(local_path, "w"):
+        pass
+    os.remove(local_path)
+
+
+def disk_full(err: BaseException | None) -> str | None:
+    """The system's words when `err`, or an error that led to it, is a full disk or quota; else None.
+
+    Python raises OSError(ENOSPC); tensorstore (orbax's arrays) a ValueError
+    that quotes the system's message.
+    """
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return os.strerror(err.errno)
+        for words in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)):
+            if words in str(err):
+                return words
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def failure(err: BaseException) -> str:
