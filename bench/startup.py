@@ -5,9 +5,7 @@ interpreter itself is started directly, not through a shim such as pyenv's):
 
 - podracer cold: `python launch/tpu.py` (Anakin PPO, CartPole-v1, 500k steps)
   with an empty compilation cache (`--compile-cache=` a new directory);
-- podracer warm: the same command again, with the cache the cold run filled
-  (its initialisation and training programs read back whole, untraced:
-  `podracer.session.program_cache`);
+- podracer warm: the same command again, with the cache the cold run filled;
 - peer: `python bench/peer_purejaxrl.py`, the single-file JAX PPO's own
   500k-step run, as its script runs (no compilation cache);
 - peer warm: the peer again with JAX's persistent cache at JAX's own

@@ -9,7 +9,7 @@ try:
 except ImportError:  # run from a checkout that was not pip-installed
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from podracer.orchestrate.cli import main
+from podracer.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,6 +2,6 @@
 
 import sys
 
-from podracer.orchestrate.cli import main
+from podracer.command import main
 
 sys.exit(main())

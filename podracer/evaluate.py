@@ -84,7 +84,7 @@ def main(argv) -> int:
     from podracer.orchestrate.flags import parse_section
     from podracer.policy import EvalConfig, load_policy, run_config_of
 
-    config: EvalConfig = parse_section(EvalConfig, argv, prog="python launch/tpu.py eval")
+    config: EvalConfig = parse_section(EvalConfig, argv, prog="podracer eval")
     if config.video:
         from podracer.video import check_path
 

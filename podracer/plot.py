@@ -235,7 +235,9 @@ def figure(run_dirs: list[str]):
             ax.set_xlabel(x_label)
             ax.set_ylabel(y_label)
             ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    # Below the curves, never on them: a population's labels (setting, IQM, CI) are long
+    # enough that the best place inside the panel still covered its curves and left axis.
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.14))
     if profiles:
         run_dir, profile = profiles[0]
         rows = profile["operations"][::-1]  # barh draws bottom-up: keep the table's order
@@ -256,8 +258,9 @@ def plot(run_dirs: list[str], out: str) -> str:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m podracer.plot", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m podracer.plot") -> int:
+    """`python -m podracer.plot RUN_DIR ...`, also the verb `podracer plot RUN_DIR ...` (`prog`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", help="run directories to plot")
     parser.add_argument("--out", default="podracer.png", help="the PNG to write (default: podracer.png)")
     args = parser.parse_args(argv)

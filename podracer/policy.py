@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from podracer.session import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                          restore_on_host)
+from podracer.acting import make_es_act
 from podracer.bounds import NON_NEGATIVE, POSITIVE, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
@@ -102,36 +103,6 @@ def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], determinis
         """Actions for a batch of observations [B, ...]."""
         keys = jax.random.split(key, obs.shape[0])
         return act_batch(params, obs_stats, obs, keys)[0]
-
-    return act
-
-
-def make_es_act(es_config, net, spec) -> Callable:
-    """`act(mean, obs_stats, obs) -> actions`: an ES policy acting as it was evaluated.
-
-    `mean` is a flat parameter vector of `make_policy_network` (the search
-    distribution's mean, or any member), `obs` a batch [B, ...] as the run's
-    environment yields it. ARS V2 (`es_config.normalize_observations`) reads the
-    observations through `es.ars_normalize(obs_stats, .)`; the other variants ignore
-    `obs_stats`. The policy is deterministic: it takes no key.
-    """
-    from jax.flatten_util import ravel_pytree
-
-    from podracer import es
-    from podracer.networks import make_policy_network
-
-    policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden,
-                                 net.activation, spec.action_mask)
-    # Only the structure matters: the mean's values replace these.
-    shapes = jax.eval_shape(policy.init, jax.random.PRNGKey(0), jnp.zeros(spec.obs_shape, spec.obs_dtype))
-    unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))[1]
-
-    def act(mean: jax.Array, obs_stats, obs: jax.Array) -> jax.Array:
-        params = unravel(mean)
-        if es_config.normalize_observations:
-            flat = obs.reshape(obs.shape[0], -1)
-            obs = es.ars_normalize(obs_stats, flat).reshape(obs.shape)
-        return jax.vmap(lambda o: policy.apply(params, o))(obs)
 
     return act
 

@@ -73,7 +73,7 @@ def worker_environment(*overlays: dict) -> dict:
     """This process's environment (the bucket emulator's variables with it), less this
     checkout, plus `overlays` (the offline install's variables).
 
-    As on a TPU VM, `python3` is an interpreter, first on PATH (this one's folder), not
+    As on a TPU VM, `python3` is an interpreter, first on PATH (`python_folders()`), not
     a version manager's shim (pyenv's are rewritten while other programs install).
     """
     env = dict(os.environ)
@@ -81,10 +81,20 @@ def worker_environment(*overlays: dict) -> dict:
     # bytecode (a TPU VM's Python writes it).
     for name in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([*python_folders(), env.get("PATH", "")])
     for overlay in overlays:
         env.update(overlay)
     return env
+
+
+def python_folders(python: str = sys.executable, base_prefix: str = sys.base_prefix) -> list[str]:
+    """Where the workers find Python: the folder of `python` (this interpreter; its
+    `python3` runs the worker program), then, if it is a venv's, that of the interpreter
+    the venv was made from (`base_prefix`), which the workers' `uv venv --python X.Y`
+    takes: uv passes over virtual environments' interpreters and, with downloads off,
+    would find none. `base_prefix`, not the build's own folder: a relocated Python (uv's
+    own, for one) is not where it was built."""
+    return list(dict.fromkeys([os.path.dirname(python), os.path.join(base_prefix, "bin")]))
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str,
@@ -230,9 +240,9 @@ class EmulatedPod:
         for worker in workers:
             worker.start()
 
-    def guest_values(self, name: str) -> list[str | None]:
-        return [worker.metadata.guest_attributes.get(GUEST_ATTRIBUTE)
-                for worker in self._nodes[name].workers]
+    def guest_attributes(self, name: str) -> list[dict[str, str]]:
+        """Every guest attribute each worker of node `name` published, by path (`podracer/state`)."""
+        return [dict(worker.metadata.guest_attributes) for worker in self._nodes[name].workers]
 
     def delete_nodes(self, names: list[str], then: Callable[[], None]) -> Callable[[], bool]:
         """Removes the nodes from the service: an emulated one is DELETING while, in a thread,

@@ -69,7 +69,8 @@ def test_train_call_does_not_recompile_and_learns_where_a_zero_learning_rate_can
     # 48 updates of 1,024 steps: a random CartPole policy averages about 22.
     returns, train = _cartpole_returns(1e-3)
     assert train._cache_size() == 1
-    assert max(returns) >= 150, returns
+    # Judged on the last call (about 260 here): a run that learned and then collapsed fails.
+    assert returns[-1] >= 150, returns
     assert returns[0] < 50, returns  # it learned: the first call's episodes were near random
     # The same run (seed, rollouts, optimizer) with a learning rate of zero: an
     # update that changes nothing must not reach the threshold.

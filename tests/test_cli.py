@@ -79,7 +79,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, capsys
         result = _launch(args)
         code, stderr = result.returncode, result.stderr
     else:
-        from podracer.orchestrate.cli import main
+        from podracer.command import main
 
         code = main(args)
         stderr = capsys.readouterr().err

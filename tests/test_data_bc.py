@@ -10,9 +10,11 @@ import pytest
 from podracer import bc, data
 from podracer.anakin.env import make_env
 from podracer.anakin.train import train_ppo
+from podracer.data.train_hooks import HOOKS
 from podracer.orchestrate.cli import main, parse_configs
 from podracer.distributions import Categorical
 from podracer.networks import make_network
+from podracer.session.session import handing
 from podracer.types import TrainState
 
 
@@ -75,7 +77,8 @@ def test_warm_start_from_expert_dataset_reaches_what_random_cannot(tmp_path):
         "--epochs=1", "--minibatches=1",
         f"--run-dir={tmp_path / 'run'}", f"--init-from-dataset={tmp_path / 'expert'}", "--bc-steps=600",
         f"--record-dataset={tmp_path / 'cloned'}", "--record-episodes=6"])
-    summary, runner = train_ppo(configs, devices=jax.devices()[:1])
+    with handing(HOOKS):  # as the command line and podracer.train hand them to every run
+        summary, runner = train_ppo(configs, devices=jax.devices()[:1])
     assert summary["bc_demonstrations"] == int(lengths.sum())
     assert summary["dataset_episodes"] == 6
     assert summary["dataset_return_mean"] >= 200, summary

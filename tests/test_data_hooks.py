@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.flatten_util import ravel_pytree
 
 from podracer import data, es, ppo
@@ -15,11 +16,14 @@ from podracer.bc import BCConfig
 from podracer.config import NetworkConfig
 from podracer.data.train_hooks import (behaviour_clone, load_demonstrations, record_policy,
                                        warm_start_state)
+from podracer.errors import PodracerError
 from podracer.es.config import ESConfig
 from podracer.networks import init_params, make_network, make_policy_network
 from podracer.normalize import RunningStats
+from podracer.orchestrate.cli import parse_configs
 from podracer.protocol import parallel
 from podracer.sebulba.envs import env_spec
+from podracer.session.session import RunSession
 
 NET = NetworkConfig(hidden=(8,))
 # CartPole (gym's, which gymnax and envpool both port): termination bounds and dynamics.
@@ -235,3 +239,14 @@ def test_anakin_ppo_hooks_are_the_old_code_paths(tmp_path):
     for new, old in zip(jax.tree.leaves((cloned.params, cloned.obs_stats)), expected, strict=True):
         np.testing.assert_array_equal(new, old)
     assert summary["bc_log_likelihood"] == metrics["log_likelihood"]
+
+
+def test_a_run_not_handed_the_dataset_hooks_refuses_a_dataset_flag(tmp_path):
+    """The session imports nothing of `podracer.data`: without the hooks the command line hands
+    it, a dataset flag is one line, before anything is written."""
+
+    for flag in ("--record-dataset", "--init-from-dataset"):
+        configs = parse_configs([f"--run-dir={tmp_path / 'run'}", f"{flag}={tmp_path / 'dataset'}"])
+        with pytest.raises(PodracerError, match=flag):
+            RunSession(configs)
+    assert list(tmp_path.iterdir()) == []

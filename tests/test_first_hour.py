@@ -154,7 +154,7 @@ def test_help_shows_the_defaults_of_the_triple_it_is_given():
 
 
 def test_runs_one_after_another_each_get_a_directory_and_latest_follows(tmp_path):
-    """The README's Quickstart lines, shortened: each its own run, none refused."""
+    """The Quickstart lines (README, docs/getting-started.md), shortened: each its own run, none refused."""
     first = _launch(["--total-steps=4096", "--checkpoint-every=0"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     second = _launch(["--env=Pendulum-v1", "--total-steps=4096"], cwd=tmp_path)

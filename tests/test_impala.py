@@ -31,6 +31,15 @@ def test_sebulba_impala_solves_cartpole_with_policy_lag(tmp_path):
     assert max(returns) >= 475, returns
     # The actors' policies did differ from the learner's: V-trace cut some weights.
     assert np.mean([row["rho_clipped_fraction"] for row in rows]) > 0.05
+    # The same preset with a learning rate of zero, for 100k steps: a policy that never
+    # changes stays near random however long it runs, far below 475.
+    result = subprocess.run([PYTHON, LAUNCHER, "--arch=sebulba", "--algo=impala", "--lr=0",
+                             "--total-steps=100000", f"--run-dir={tmp_path / 'control'}"],
+                            capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    control = [json.loads(line)["episode_return_mean"]
+               for line in (tmp_path / "control" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r or 0 for r in control) < 100, control
 
 
 def _bandit_batch(num_steps=64, num_envs=64, seed=0):

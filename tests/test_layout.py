@@ -1,8 +1,24 @@
-"""The package's shape, read statically: no import cycles, no module past 400 lines.
+"""The package's shape, read statically: no import cycles between modules or between
+folders, no module past 400 lines, public JAX only.
 
-Both checks parse the source with `ast` and import nothing, so they are fast
+The checks parse the source with `ast` and import nothing, so they are fast
 and see imports inside functions too: a cycle closed by a lazy import still
 ties the two modules together.
+
+The folders are layers (`test_folders_are_layered`): each imports only
+folders below it. Each subpackage of `podracer` is one node (`anakin/`,
+`sebulba/`, `session/`, `data/`, `orchestrate/`, `provision/`, `protocol/`,
+`envs/`, `ppo/`, `vtrace/`, `es/`), and each module at the top of the package
+is a node of its own (`config`, `policy`, `evaluate`, `command`, ...): they
+sit at different heights, shared settings and types near the bottom, commands
+at the top, and lumped together they would tie every folder into one cycle.
+From the bottom up, roughly:
+
+    errors, bounds, config, networks, protocol/, envs/   what everything shares
+    session/, es/, ppo/, vtrace/, acting                  the run's host side; agents
+    anakin/, sebulba/                                     architectures
+    policy, data/, video, plot                            what uses a trained run
+    orchestrate/, evaluate, provision/, command           the command line
 """
 
 import ast
@@ -133,6 +149,56 @@ def test_no_import_cycles():
     assert not stale, f"{stale} no longer close a cycle; delete them from KNOWN_CYCLE_EDGES"
 
 
+def folder_of(module: str) -> str:
+    """The layer of a module: its subpackage of `podracer` (`podracer.anakin`), or itself at the top."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_graph(edges) -> dict[tuple[str, str], list[str]]:
+    """Edges (folder, folder) between different folders -> the import lines ("path:line") behind them."""
+    folders: dict[tuple[str, str], list[str]] = {}
+    for (a, b), where in edges.items():
+        if folder_of(a) != folder_of(b):
+            folders.setdefault((folder_of(a), folder_of(b)), []).extend(where)
+    return folders
+
+
+def shortest_cycle(component: set[str], edges) -> list[str]:
+    """One shortest loop through the component, as its nodes in order (the first again at the end)."""
+    successors: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        if a in component and b in component:
+            successors.setdefault(a, []).append(b)
+    best: list[str] = []
+    for start in sorted(component):
+        paths, seen = [[start]], {start}
+        while paths and not (best and len(paths[0]) >= len(best)):
+            path = paths.pop(0)
+            if start in successors.get(path[-1], ()):
+                best = path + [start]
+                break
+            for nxt in successors.get(path[-1], ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    paths.append(path + [nxt])
+    return best
+
+
+def _describe_loop(component: set[str], edges) -> str:
+    loop = shortest_cycle(component, edges)
+    steps = [f"    {a} -> {b}  ({', '.join(edges[(a, b)])})" for a, b in zip(loop, loop[1:])]
+    return "\n".join([" -> ".join(loop), *steps])
+
+
+def test_folders_are_layered():
+    """No folder imports one that imports it back, through any path, counting imports in functions."""
+    folders = folder_graph(import_graph())
+    assert ("podracer.orchestrate", "podracer.session") in folders, "folders not found: is ROOT the repository?"
+    cycles = strongly_connected(folders)
+    assert not cycles, "folders that import each other (move what both need into a folder below both, " \
+        "or hand it in from above):\n" + "\n".join(_describe_loop(c, folders) for c in cycles)
+
+
 def test_no_module_over_400_lines():
     lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
                for path in _module_files().values()}
@@ -142,3 +208,48 @@ def test_no_module_over_400_lines():
                             f"{unexpected}")
     stale = sorted(KNOWN_LONG_MODULES - set(long))
     assert not stale, f"{stale} are {MAX_LINES} lines or fewer now; delete them from KNOWN_LONG_MODULES"
+
+
+NAMED_TUPLE_API = {"_asdict", "_replace", "_fields", "_make", "_field_defaults"}  # public, despite the "_"
+
+
+def _private(name: str) -> bool:
+    return (name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+            and name not in NAMED_TUPLE_API)
+
+
+def private_jax_uses(root: Path = ROOT) -> list[str]:
+    """Where the package reaches into JAX's private parts ("path:line: what").
+
+    An import of a private JAX or jaxlib module (`jax._src...`), a private
+    attribute of the `jax` or `jaxlib` module, or a private attribute fetched
+    by name (`getattr(lowered, "_lowering")`): what JAX does not promise to
+    keep, which its next release may change.
+    """
+    found = []
+    for module, path in _module_files(root).items():
+        where = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in ("jax", "jaxlib"):
+                names = [f"{node.value.id}.{node.attr}"]
+            for name in names:
+                parts = name.split(".")
+                if parts[0] in ("jax", "jaxlib") and any(_private(p) for p in parts[1:]):
+                    found.append(f"{where}:{node.lineno}: {name}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) \
+                    and _private(node.args[1].value):
+                found.append(f"{where}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_public_jax_only():
+    uses = private_jax_uses()
+    assert not uses, "private JAX (use its public API instead):\n" + "\n".join(uses)

@@ -15,11 +15,10 @@ import threading
 from conftest import GCS_BUCKET, LAUNCHER, PYTHON, REPO_ROOT
 from podracer.orchestrate.distributed import free_port
 
-TOTAL = 1536
-# 6 calls of 2 updates of 8 environments x 16 steps, over 2 processes x 2 devices; a save every 2 calls.
+# Calls of 2 updates of 8 environments x 16 steps (256 steps), over 2 processes x 2 devices; a save every 2 calls.
 # One minibatch per update: few collectives per call, each slow on a busy machine.
 TWO = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--epochs=1", "--minibatches=1", "--seed=3",
-       "--checkpoint-every=512", f"--total-steps={TOTAL}", "--num-processes=2", "--cpu-devices=2"]
+       "--checkpoint-every=512", "--num-processes=2", "--cpu-devices=2"]
 
 
 PROGRESS = re.compile(r"steps +[\d,]+/[\d,]+ ")
@@ -75,31 +74,39 @@ def _stop_after_first_progress_line(args, cwd, timeout_s=300):
 
 
 def test_two_processes_stop_and_resume_from_a_bucket_to_the_same_parameters(gcs_bucket, tmp_path):
-    """Both processes save to the bucket on SIGTERM, resume from that checkpoint, and end as an unstopped run."""
-    whole = _launch([*TWO, f"--run-dir=gs://{GCS_BUCKET}/whole"], tmp_path)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    reference = _json(gcs_bucket, "whole/summary.json")
+    """Both processes save to the bucket on SIGTERM, resume from that checkpoint, and end as an unstopped run.
 
-    args = [*TWO, f"--run-dir=gs://{GCS_BUCKET}/stopped"]
-    code, stderr = _stop_after_first_progress_line(args, tmp_path)
+    The stopped run has no end in sight (10^9 steps), so the signal lands mid-run however
+    fast the machine; the resumed and the unstopped run then end two calls after the save,
+    at a constant learning rate so that their totals do not change their updates.
+    """
+    constant = [*TWO, "--no-anneal-lr"]
+    args = [*constant, f"--run-dir=gs://{GCS_BUCKET}/stopped"]
+    code, stderr = _stop_after_first_progress_line([*args, "--total-steps=1000000000"], tmp_path)
     assert code == 128 + signal.SIGTERM, stderr[-3000:]
     saved = _checkpoints(gcs_bucket, "stopped/")
-    assert saved and 256 <= saved[-1] < TOTAL, saved
+    assert saved and saved[-1] >= 256, saved
     # Each process says so: both stopped at that call, and both took part in the save.
     said = f"stopped by signal {signal.SIGTERM} at env step {saved[-1]:,}; checkpoint saved"
     assert stderr.count(said) == 2, stderr[-3000:]
+    total = saved[-1] + 512
 
-    resumed = _launch(args, tmp_path)
+    whole = _launch([*constant, f"--total-steps={total}", f"--run-dir=gs://{GCS_BUCKET}/whole"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    reference = _json(gcs_bucket, "whole/summary.json")
+
+    resumed = _launch([*args, f"--total-steps={total}"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first = _line(resumed.stdout, "podracer ")
     assert f"resuming gs://{GCS_BUCKET}/stopped from env step {saved[-1]:,}" in first, resumed.stdout[-3000:]
     summary = _json(gcs_bucket, "stopped/summary.json")
-    assert summary["resumed_from_env_steps"] == saved[-1] and summary["env_steps"] == TOTAL, summary
-    assert summary["processes"] == 2 and summary["updates"] == reference["updates"] == 12, (summary, reference)
+    assert summary["resumed_from_env_steps"] == saved[-1] and summary["env_steps"] == total, summary
+    assert summary["processes"] == 2 and summary["updates"] == reference["updates"] == total // 128, \
+        (summary, reference)
     # One row per call: the stopped run's up to its checkpoint, then the resumed run's.
     rows = gcs_bucket.blob("stopped/metrics.jsonl").download_as_text().splitlines()
-    assert [json.loads(row)["env_steps"] for row in rows] == list(range(256, TOTAL + 1, 256)), rows
-    assert _checkpoints(gcs_bucket, "stopped/")[-1] == TOTAL
+    assert [json.loads(row)["env_steps"] for row in rows] == list(range(256, total + 1, 256)), rows
+    assert _checkpoints(gcs_bucket, "stopped/")[-1] == total
     # Both processes hold bitwise the parameters of the run that was never stopped.
     prints = summary["params_fingerprints"]
     assert len(prints) == 2 and prints == reference["params_fingerprints"], (summary, reference, saved)

@@ -47,6 +47,72 @@ def test_advantage_normalisation_in_loss():
     assert float(m["policy_loss"]) == pytest.approx(0.0, abs=1e-6)
 
 
+def _one_sample_policy_loss(pi, mu, advantage, clip_eps=0.2):
+    """The policy loss of one sample whose action has probability `pi` now and `mu` when taken."""
+    params = {"logits": jnp.log(jnp.array([[pi, 1.0 - pi]])), "value": jnp.zeros(1)}
+    samples = ppo.Samples(jnp.zeros((1, 1)), jnp.array([0]), jnp.log(jnp.array([mu])), jnp.zeros(1),
+                          jnp.array([advantage]), jnp.zeros(1))
+    config = ppo.PPOConfig(clip_eps=clip_eps, normalize_advantages=False)
+    loss, metrics = ppo.ppo_loss(params, table_apply, samples, config)
+    grad = jax.grad(lambda p: ppo.ppo_loss(p, table_apply, samples, config)[1]["policy_loss"])(params)
+    return float(metrics["policy_loss"]), float(jnp.abs(grad["logits"]).max())
+
+
+@pytest.mark.parametrize("pi,mu,advantage,expected,clipped", [
+    # ratio 1.5, A > 0: min(1.5, 1.2) = 1.2, the upper bound holds it (no gradient).
+    (0.6, 0.4, 1.0, -1.2, True),
+    # ratio 0.5, A > 0: min(0.5, 0.8) = 0.5, below the lower bound the unclipped term wins.
+    (0.3, 0.6, 1.0, -0.5, False),
+    # ratio 0.5, A < 0: min(-0.5, -0.8) = -0.8, the lower bound holds it (no gradient).
+    (0.3, 0.6, -1.0, 0.8, True),
+    # ratio 1.5, A < 0: min(-1.5, -1.2) = -1.5, above the upper bound the unclipped term wins.
+    (0.6, 0.4, -1.0, 1.5, False),
+    # ratio 1.1, inside [0.8, 1.2]: the ratio itself, either sign.
+    (0.55, 0.5, 2.0, -2.2, False),
+    (0.55, 0.5, -2.0, 2.2, False),
+])
+def test_policy_clip_each_side_and_sign(pi, mu, advantage, expected, clipped):
+    loss, grad = _one_sample_policy_loss(pi, mu, advantage)
+    assert loss == pytest.approx(expected, abs=1e-5)
+    assert (grad == 0.0) == clipped, grad
+
+
+@pytest.mark.parametrize("value,old,target,expected", [
+    # The clipped value (old + 0.2) is further from the target: its error counts.
+    (1.0, 0.5, 2.0, (0.7 - 2.0) ** 2),
+    # The clipped value is nearer the target: the unclipped error counts.
+    (1.0, 0.5, 0.0, 1.0),
+    # Moved down past the bound (old - 0.2 = 0.3): the same two cases.
+    (0.0, 0.5, -1.0, (0.3 + 1.0) ** 2),
+    (0.0, 0.5, 2.0, 4.0),
+    # Within the bound: no clipping.
+    (0.6, 0.5, 2.0, (0.6 - 2.0) ** 2),
+])
+def test_value_clip_each_side(value, old, target, expected):
+    params = {"logits": jnp.zeros((1, 2)), "value": jnp.array([value])}
+    samples = ppo.Samples(jnp.zeros((1, 1)), jnp.array([0]), jnp.log(jnp.array([0.5])), jnp.array([old]),
+                          jnp.zeros(1), jnp.array([target]))
+    _, m = ppo.ppo_loss(params, table_apply, samples, ppo.PPOConfig(clip_eps=0.2, normalize_advantages=False))
+    assert float(m["value_loss"]) == pytest.approx(0.5 * expected, abs=1e-5)
+    _, m = ppo.ppo_loss(params, table_apply, samples, ppo.PPOConfig(clip_value=False, normalize_advantages=False))
+    assert float(m["value_loss"]) == pytest.approx(0.5 * (value - target) ** 2, abs=1e-5)
+
+
+def test_advantage_normalisation_divides_by_the_std():
+    advantage = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    # mean 2.5, std sqrt(1.25) = 1.118 (the variance, 1.25, would give other values).
+    expected = (advantage - 2.5) / np.sqrt(1.25)
+    np.testing.assert_allclose(ppo.normalize_advantages(jnp.asarray(advantage)), expected, rtol=1e-5)
+    # And inside the loss: ratio 1.1 on the last sample only (inside the clip), so the
+    # policy loss is -mean(ratio * normalised advantage) = -0.1 * expected[3] / 4.
+    logits = np.log(np.array([[0.5, 0.5]] * 3 + [[0.55, 0.45]], np.float32))
+    params = {"logits": jnp.asarray(logits), "value": jnp.zeros(4)}
+    samples = ppo.Samples(jnp.zeros((4, 1)), jnp.zeros(4, jnp.int32), jnp.log(jnp.full(4, 0.5)),
+                          jnp.zeros(4), jnp.asarray(advantage), jnp.zeros(4))
+    _, m = ppo.ppo_loss(params, table_apply, samples, ppo.PPOConfig(normalize_advantages=True))
+    assert float(m["policy_loss"]) == pytest.approx(-0.1 * expected[3] / 4, abs=1e-6)
+
+
 def test_gaussian_log_prob_and_entropy():
     dist = DiagGaussian(jnp.array([[0.0, 1.0]]), jnp.log(jnp.array([[1.0, 2.0]])))
     action = jnp.array([[1.0, 1.0]])

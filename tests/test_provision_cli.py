@@ -13,7 +13,7 @@ import grpc
 from google.cloud import tpu_v2
 
 from podracer.provision import api_requests
-from podracer.provision.cli import main
+from podracer.command import main  # the front door: `python launch/tpu.py ...`
 from tests.tpu_server import FakeTpuService, NodeState, QueuedState, TpuServer
 
 NAME, ZONE, PROJECT = "slice-1", "us-central2-b", "proj"
@@ -795,7 +795,9 @@ def test_detach_leaves_the_run_and_attach_follows_it_to_the_end(cli, service, gc
     # Without a launcher, the workers delete their finished slice themselves.
     assert config["delete_when_done"] == {"name": NAME, "zone": ZONE, "project": PROJECT,
                                           "api_endpoint": config["delete_when_done"]["api_endpoint"]}
-    assert config["max_restarts"] == 2 and config["deadline_unix"] > time.time()
+    # --max-run-time travels as a duration: each worker counts it from its own training start.
+    assert config["max_restarts"] == 2 and config["max_run_time_s"] == 60
+    assert "deadline_unix" not in config
 
     status, out, err = cli(NAME, verb="attach", slice_flags=False)
     assert (status, err) == (0, "")
@@ -833,3 +835,110 @@ def test_a_slice_its_workers_deleted_at_the_end_is_not_created_again(cli, servic
     assert (status, err) == (0, "")
     assert "the run finished on every worker, and TPU slice-1 is gone" in out
     assert service.methods_called().count("CreateNode") == 1
+
+
+def test_dry_run_on_v6e_8_accepts_sebulbas_defaults_and_names_the_slice(cli, service):
+    status, out, err = cli("--dry-run", "--arch=sebulba", shape=("--accelerator-type=v6e-8",))
+
+    assert (status, err) == (0, "")
+    assert "# slice: v6e-8 (1 host of 8 devices), one process of the run per host" in out
+    assert service.requests == []
+
+
+@pytest.mark.parametrize("mode", [[], ["--dry-run"], ["up"]])
+def test_a_layout_the_slice_cannot_run_is_refused_before_any_call(cli, service, mode):
+    verb = mode[0] if mode == ["up"] else None
+    flags = [flag for flag in mode if flag != "up"]
+
+    status, out, err = cli(*flags, "--arch=sebulba", "--num-envs=100", verb=verb,
+                           shape=("--accelerator-type=v6e-8",))
+
+    assert status == 2 and out == ""
+    assert _single_error_line(err) == (
+        "error: on v6e-8 (1 host of 8 devices): each actor thread's 50 environments do not split "
+        "over 6 learner devices; make --num-envs a multiple of 12\n")
+    assert service.requests == []
+
+
+def _staged(gcs_bucket, create, name: str) -> str:
+    run_dir = create.node.metadata[api_requests.RUN_DIR_KEY]
+    return gcs_bucket.blob(f"{run_dir.removeprefix(BUCKET + '/')}/code/{name}").download_as_text()
+
+
+def test_a_brax_runs_staged_lock_lists_brax(cli, service, gcs_bucket):
+    status, out, err = cli("--arch=anakin", "--env=brax:inverted_pendulum", "--num-envs=64")
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateNode")
+    locked = _staged(gcs_bucket, create, "requirements.lock").splitlines()
+    assert any(line.startswith("brax==") for line in locked)
+
+
+def test_a_py_envs_module_is_staged_beside_the_launcher(cli, service, gcs_bucket, tmp_path,
+                                                         monkeypatch):
+    (tmp_path / "my_sims.py").write_text(
+        "import gymnasium\n\n\ndef make(num_envs):\n"
+        "    return gymnasium.make_vec('CartPole-v1', num_envs=num_envs, vectorization_mode='sync')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here, as the preflight checks it
+
+    status, out, err = cli("--arch=sebulba", "--env=py:my_sims:make", "--num-envs=24")
+
+    assert (status, err) == (0, "")
+    (create,) = service.requests_of("CreateNode")
+    config = _worker_config(create.node.metadata["startup-script"])
+    assert config["files"]["module:my_sims.py"] == "my_sims.py"
+    assert _staged(gcs_bucket, create, "my_sims.py") == (tmp_path / "my_sims.py").read_text()
+
+
+def test_worker_states_are_read_by_worker_number_in_whatever_order_the_api_lists_them(cli, service):
+    """The API names no worker in its answer; each worker publishes its number beside its state."""
+    service.worker_states = [["running", "exit=0", "installing", None]]
+    service.guest_attributes_unordered = True  # reversed, the silent worker 3 left out
+    assert cli(*TRAINING, verb="up")[0] == 0
+
+    status, out, err = cli(NAME, verb="status", slice_flags=False)
+
+    assert (status, err) == (0, "")
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("  ") and "10.0.0." in line]
+    assert rows == [["0", "10.0.0.2", "running"], ["1", "10.0.0.3", "exited"],
+                    ["2", "10.0.0.4", "installing"], ["3", "10.0.0.5", "booting"]]
+
+
+def test_max_run_time_counts_from_the_slice_being_ready_not_from_the_queue(cli, service, gcs_bucket):
+    """Two seconds queued for capacity, then a run of well under one: a 1 s --max-run-time holds."""
+    service.queued_states = [QueuedState.WAITING_FOR_RESOURCES] * 200 + [QueuedState.ACTIVE]
+    service.worker_states = [["running"] * 4, ["exit=0"] * 4]
+    started = time.time()
+
+    status, out, err = cli("--queued", "--max-run-time=1", *TRAINING)
+
+    assert (status, err) == (0, ""), out
+    assert "the run finished on every worker" in out
+    (create,) = service.requests_of("CreateQueuedResource")
+    run_dir = create.queued_resource.tpu.node_spec[0].node.metadata[api_requests.RUN_DIR_KEY]
+    record = json.loads(gcs_bucket.blob(f"{run_dir.removeprefix(BUCKET + '/')}/launch.json")
+                        .download_as_text())
+    assert record["max_run_time_s"] == 1 and record["deadline_unix"] > started + 2
+
+
+def test_attach_restarts_a_detached_run_whose_slice_was_preempted_while_nobody_followed(
+        cli, service, gcs_bucket):
+    service.worker_states = [["running"] * 4]
+    status, out, err = cli("--detach", "--max-restarts=1", *TRAINING)
+    assert (status, err) == (0, "")
+    service.nodes[NODE].script = []
+    service.nodes[NODE].set_state(NodeState.PREEMPTED)  # the laptop was closed meanwhile
+
+    def the_new_slice_runs_to_the_end():
+        service.node_states = [NodeState.CREATING, NodeState.READY]
+        service.worker_states = [["running"] * 4, ["exit=0"] * 4]
+
+    service.on_call("CreateNode", the_new_slice_runs_to_the_end)
+    status, out, err = cli(NAME, verb="attach", slice_flags=False)
+
+    assert (status, err) == (0, ""), out
+    assert service.methods_called().count("CreateNode") == 2
+    assert "was PREEMPTED during the run; restart 1 of 1" in out
+    assert "the run finished on every worker" in out and service.nodes == {}
+    assert len(_launch_record(gcs_bucket, service)["restarts"]) == 1

@@ -35,7 +35,7 @@ from tpu_server import FakeTpuService, TpuServer  # noqa: E402
 
 from podracer.policy import read_run  # noqa: E402
 from podracer.provision import api_requests  # noqa: E402
-from podracer.provision.cli import main  # noqa: E402
+from podracer.command import main  # noqa: E402  (the front door)
 from podracer.session.checkpoint import checkpoint_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ from google.cloud import tpu_v2
 from podracer.errors import PodracerError
 from podracer.provision import api_requests as requests
 from podracer.provision.api import is_loopback
-from podracer.provision.cli import check_command, main, parse_command, provisioner_flags
+from podracer.command import main  # the front door: `python launch/tpu.py ...`
+from podracer.provision.cli import check_command, parse_command, provisioner_flags
 from podracer.provision.report import describe_workers, list_table
 from podracer.provision.spec import (TPU_VERSIONS, Identity, Networking, SliceSpec,
                                      default_runtime_version)
@@ -77,6 +78,11 @@ def test_status_and_down_take_the_name_as_gcloud_does():
     (["--tpu=a", "--zone=z", "--tpu-version=v4", "--topology=2x0x2"], "--topology='2x0x2' is not"),
     (["--tpu=a", "--zone=z", "--tpu-version=v4", "--topology=2*2*2"], "--topology='2*2*2' is not"),
     (["--tpu=a", "--zone=z", "--accelerator-type=v4"], "--accelerator-type='v4' is not valid"),
+    # Known before paying: under these scopes the workers cannot write the run's bucket.
+    (["--tpu=a", "--zone=z", "--accelerator-type=v4-8",
+      "--scopes=https://www.googleapis.com/auth/devstorage.read_only"],
+     "do not let the workers write the run's bucket (checkpoints, metrics, logs); add "
+     "https://www.googleapis.com/auth/devstorage.read_write"),
 ])
 def test_bad_commands_are_one_line_errors_with_exit_2(argv, fragment, capsys):
     with pytest.raises(PodracerError) as raised:
@@ -129,7 +135,7 @@ def test_node_request_carries_type_image_tier_script_and_labels():
 def test_shape_and_network_values_are_read_as_gcloud_reads_them():
     command = parse_command([
         "--tpu=s", "--zone=z", "--tpu-version=V5P", "--topology=2X2X1", "--tags=a,b", "--tags=a",
-        "--scopes", "https://www.googleapis.com/auth/devstorage.read_only",
+        "--scopes", "https://www.googleapis.com/auth/devstorage.read_write",
         "--vpc-network=projects/host/global/networks/shared-net", "--internal-ips"])
     spec = command.spec
     assert (spec.accelerator_type, spec.tpu_version, spec.topology) == ("", "v5p", "2x2x1")
@@ -137,7 +143,7 @@ def test_shape_and_network_values_are_read_as_gcloud_reads_them():
     assert spec.networking == Networking(network="projects/host/global/networks/shared-net",
                                          external_ips=False, tags=("a", "b"))
     # Scopes without a service account: Compute Engine's default account, these scopes.
-    assert spec.identity == Identity(scopes=("https://www.googleapis.com/auth/devstorage.read_only",))
+    assert spec.identity == Identity(scopes=("https://www.googleapis.com/auth/devstorage.read_write",))
     assert parse_command([*SLICE, "--accelerator-type=V4-8"]).spec.accelerator_type == "v4-8"
     assert parse_command(SLICE).spec.identity == Identity()
 
@@ -245,12 +251,11 @@ def test_without_the_tpu_extra_the_error_says_how_to_install_it(monkeypatch, cap
     assert "needs google.cloud.tpu_v2" in err and 'pip install "podracer-rl[tpu]"' in err
 
 
-def test_every_provisioner_flag_is_in_the_readme_flags_table():
+def test_every_provisioner_flag_is_in_the_docs_flags_table():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Run on a TPU pod slice", 1)[1].split("\n## ", 1)[0]
-    table = section.split("### Flags", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tpu.md").read_text()
+    table = page.split("\n## Flags", 1)[1].split("\n## ", 1)[0]
     missing = [flag for flag in provisioner_flags("run")
                if flag != "--help" and f"`{flag}" not in table and f" {flag}=" not in table]
     assert missing == []

@@ -25,7 +25,7 @@ from metadata_server import MetadataServer, worker_endpoints  # noqa: E402
 from tpu_server import FakeTpuService, TpuServer  # noqa: E402
 
 from podracer.provision import api_requests, staging  # noqa: E402
-from podracer.provision.cli import main  # noqa: E402
+from podracer.command import main  # noqa: E402  (the front door)
 
 BUCKET = "gs://podracer-runs"
 STEPS = 4096
@@ -110,6 +110,7 @@ def test_a_worker_whose_install_fails_says_so_in_the_bucket(launched, offline_in
     with MetadataServer(attributes) as metadata:
         booted = _boot(script, home, metadata, broken, timeout=120)
         state = metadata.guest_attributes["podracer/state"]
-    assert booted.returncode != 0 and state.startswith("install-failed=")
+        number = metadata.guest_attributes["podracer/worker"]  # whose state it is, for the launcher
+    assert booted.returncode != 0 and state.startswith("install-failed=") and number == "3"
     assert _read(gcs_bucket, run_dir, "logs/worker-3.exit") == state.split("=")[1]
     assert "uv pip install" in _read(gcs_bucket, run_dir, "logs/worker-3.log")

@@ -1,5 +1,6 @@
 """Device splits and sizes: defaults per machine, and one-line errors for bad splits."""
 
+import json
 import subprocess
 
 import jax
@@ -20,7 +21,8 @@ def test_default_splits():
     devices = jax.devices()
     assert _split(devices[:1]) == ([0], [0])  # one device: actors and learner share it
     assert _split(devices[:4]) == ([0], [1, 2, 3])
-    assert _split(devices) == ([0], [1, 2, 3, 4, 5, 6, 7])
+    # A quarter act: on an 8-chip TPU host (v6e-8) 2 and 6, never 7 learners.
+    assert _split(devices) == ([0, 1], [2, 3, 4, 5, 6, 7])
 
 
 def test_given_splits_and_their_complements():
@@ -79,3 +81,13 @@ def test_launcher_rejects_bad_splits_with_exit_2(args, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_defaults_run_on_8_devices_as_on_an_8_chip_tpu_host(tmp_path):
+    """v6e-8 and v5litepod-8 hosts have 8 devices: 2 act and 6 learn the preset's 120 environments."""
+    result = subprocess.run(
+        [PYTHON, LAUNCHER, "--arch=sebulba", "--cpu-devices=8", "--total-steps=1",
+         f"--run-dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["actor_devices"], summary["learner_devices"]) == (2, 6)

@@ -59,8 +59,11 @@ def test_learns_cartpole_where_a_zero_learning_rate_cannot(tmp_path):
     # A random policy averages about 22; this run first passes 200 after about 30,000 steps.
     config = dict(num_envs=32, rollout_len=32, log_every=5)
     summary, _, rows = _train(tmp_path / "learns", jax.devices()[:2], total_steps=150_000, **config)
-    best = max(row["episode_return_mean"] or 0 for row in rows)
-    assert best >= 200, [row["episode_return_mean"] for row in rows]
+    returns = [row["episode_return_mean"] for row in rows]
+    assert max(r or 0 for r in returns) >= 200, returns
+    # And still at the end (one run read 267 in its last interval, its lowest after
+    # learning 180): a run that learned and then collapsed fails.
+    assert returns[-1] >= 150, returns
     assert summary["sps"] > 0
     # The same run with a learning rate of zero, for 40,000 steps: updates that change
     # nothing leave the policy random, far below the threshold.

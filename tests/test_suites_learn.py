@@ -2,7 +2,8 @@
 
 Untrained-policy returns, measured with the same runs at a learning rate of 0:
 Navix Empty-5x5 0.43, brax inverted_pendulum 20 (the pole falls), Jumanji
-PacMan 98 (uniform over the legal moves). Each run is Anakin's PPO program on
+PacMan 98 (uniform over the legal moves). Each of these tests runs that control
+too, for one call (a policy that never changes scores the same in any call). Each run is Anakin's PPO program on
 one CPU device, in this process (its time is mostly compilation); the returns
 are those of the episodes that ended during a call.
 
@@ -55,12 +56,16 @@ def test_navix_learns_empty_room():
     pytest.importorskip("navix")
     returns = _returns("navix:Navix-Empty-5x5-v0", calls=4, num_envs=32)  # 32,768 steps
     assert returns[-1] > 0.9, returns  # untrained: 0.43; the goal is a few cells away
+    control = _returns("navix:Navix-Empty-5x5-v0", calls=1, num_envs=32, lr=0.0)
+    assert control[-1] < 0.7, control
 
 
 def test_brax_learns_inverted_pendulum():
     pytest.importorskip("brax")
     returns = _returns("brax:inverted_pendulum", calls=4, num_envs=64)  # 65,536 steps
     assert returns[-1] > 50, returns  # untrained: 20 steps upright; learned: about 67
+    control = _returns("brax:inverted_pendulum", calls=1, num_envs=64, lr=0.0)
+    assert control[-1] < 35, control
 
 
 def test_jumanji_learns_pacman_with_masks():
@@ -68,6 +73,8 @@ def test_jumanji_learns_pacman_with_masks():
     assert make_env("jumanji:PacMan-v1").spec.action_mask
     returns = _returns("jumanji:PacMan-v1", calls=4, num_envs=64)  # 65,536 steps
     assert returns[-1] > 160, returns  # untrained: 98; learned: about 190; mask misread: about 120
+    control = _returns("jumanji:PacMan-v1", calls=1, num_envs=64, lr=0.0)
+    assert control[-1] < 130, control
 
 
 def test_craftax_learns_what_a_blind_policy_cannot():

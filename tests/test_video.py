@@ -12,7 +12,8 @@ import pytest
 from conftest import LAUNCHER, PYTHON
 from podracer.anakin.env import make_env
 from podracer.anakin.train import train_ppo
-from podracer.orchestrate.cli import main, parse_configs
+from podracer.command import main
+from podracer.orchestrate.cli import parse_configs
 from podracer.errors import PodracerError
 from podracer.video import anakin_renderer
 from test_suites import _countdown_env

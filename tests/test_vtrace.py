@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from podracer import vtrace
+from podracer.distributions import Categorical
 from podracer.networks import init_params, make_network
 from podracer.ppo import gae_advantages, init_train_state
 from podracer.protocol import parallel
@@ -85,6 +86,89 @@ def test_hand_computed_with_truncation_and_clipping():
     np.testing.assert_allclose(out.q_estimate[:, 0], [6.0, 4.5, 5.0], rtol=1e-6)
     # pg advantage: min(1, rho) * (q - v).
     np.testing.assert_allclose(out.pg_advantage[:, 0], [5.5, 0.5 * 3.5, 3.5], rtol=1e-6)
+
+
+# One column of three rows, no episode end, gamma 0.5: ratios 2 (row 0), 0.5 (row 1) and 3 (row 2).
+# V(x) = [0.5, 1, 1.5], bootstrap 4, so the one-step TD errors r + 0.5 V(x') - V(x) are [1, 1.75, 3.5].
+@pytest.mark.parametrize("bars,lambda_,errors,pg_advantage", [
+    # rho_bar = c_bar = pg_rho_bar = 1: rows 0 and 2 clipped to 1, row 1 kept at 0.5.
+    # e2 = 3.5; e1 = 0.5 * 1.75 + 0.5 * 0.5 * 3.5 = 1.75; e0 = 1 + 0.5 * 1 * 1.75 = 1.875.
+    # q = r + 0.5 * vs_next = [1 + 0.5 * 2.75, 2 + 0.5 * 5, 3 + 0.5 * 4] = [2.375, 4.5, 5].
+    ((1.0, 1.0, 1.0), 1.0, [1.875, 1.75, 3.5], [1.875, 0.5 * 3.5, 3.5]),
+    # No clipping (bars 10): rho = c = [2, 0.5, 3].
+    # e2 = 3 * 3.5 = 10.5; e1 = 0.875 + 0.25 * 10.5 = 3.5; e0 = 2 * 1 + 0.5 * 2 * 3.5 = 5.5.
+    # q = [1 + 0.5 * 4.5, 2 + 0.5 * 12, 5] = [3.25, 8, 5]; A = ratio * (q - V).
+    ((10.0, 10.0, 10.0), 1.0, [5.5, 3.5, 10.5], [2 * 2.75, 0.5 * 7.0, 3 * 3.5]),
+    # Only c clipped (c_bar 1): e0 = 2 + 0.5 * 1 * 3.5 = 3.75; q and A as unclipped.
+    ((10.0, 1.0, 10.0), 1.0, [3.75, 3.5, 10.5], [5.5, 3.5, 10.5]),
+    # Only the policy-gradient weight clipped (pg_rho_bar 1): A = min(1, ratio) * (q - V).
+    ((10.0, 10.0, 1.0), 1.0, [5.5, 3.5, 10.5], [2.75, 3.5, 3.5]),
+    # lambda 0.5 scales c: c = [1, 0.25, 1.5]; e1 = 0.875 + 0.5 * 0.25 * 10.5 = 2.1875;
+    # e0 = 2 + 0.5 * 1 * 2.1875 = 3.09375; q0 = 1 + 0.5 * (1 + 2.1875).
+    ((10.0, 10.0, 10.0), 0.5, [3.09375, 2.1875, 10.5], [2 * (1 + 0.5 * 3.1875 - 0.5), 3.5, 10.5]),
+])
+def test_hand_computed_clipping_active_and_inactive(bars, lambda_, errors, pg_advantage):
+    rho_bar, c_bar, pg_rho_bar = bars
+    a = dict(r_t=jnp.array([[1.0], [2.0], [3.0]]), v_t=jnp.array([[0.5], [1.0], [1.5]]),
+             bootstrap_value=jnp.array([4.0]), terminated_t=jnp.zeros((3, 1), bool),
+             truncated_t=jnp.zeros((3, 1), bool), final_value_t=jnp.zeros((3, 1)),
+             log_rho_t=jnp.log(jnp.array([[2.0], [0.5], [3.0]])))
+    out = vtrace.vtrace_td_error_and_advantage(**a, gamma=0.5, lambda_=lambda_, rho_bar=rho_bar, c_bar=c_bar,
+                                               pg_rho_bar=pg_rho_bar)
+    np.testing.assert_allclose(out.errors[:, 0], errors, rtol=1e-6)
+    np.testing.assert_allclose(out.pg_advantage[:, 0], pg_advantage, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rho_bar,pg_rho_bar,lambda_", [(1.0, 1.0, 1.0), (4.0, 2.0, 1.0), (1.0, 1.0, 0.7)])
+def test_matches_rlax_far_off_policy(rho_bar, pg_rho_bar, lambda_):
+    """Importance weights far from 1 (log-ratios with std 2: weights from ~0.005 to ~200)."""
+    rlax = pytest.importorskip("rlax")
+    a = _random(4, t=10, b=4)
+    a["log_rho_t"] = np.random.default_rng(5).normal(scale=2.0, size=a["r_t"].shape).astype(np.float32)
+    assert np.exp(np.abs(a["log_rho_t"])).max() > 20
+    ours = vtrace.vtrace_td_error_and_advantage(**a, gamma=GAMMA, lambda_=lambda_, rho_bar=rho_bar,
+                                                pg_rho_bar=pg_rho_bar)
+    for column in range(a["r_t"].shape[1]):
+        v = a["v_t"][:, column]
+        v_next = np.append(v[1:], a["bootstrap_value"][column]).astype(np.float32)
+        discount = (GAMMA * (1.0 - a["terminated_t"][:, column])).astype(np.float32)
+        theirs = rlax.vtrace_td_error_and_advantage(
+            jnp.asarray(v), jnp.asarray(v_next), jnp.asarray(a["r_t"][:, column]), jnp.asarray(discount),
+            jnp.exp(a["log_rho_t"][:, column]), lambda_, rho_bar, pg_rho_bar)
+        np.testing.assert_allclose(ours.errors[:, column], theirs.errors, rtol=1e-5, atol=1e-5)
+        if lambda_ == 1.0:  # below 1, rlax mixes V(x') into q's bootstrap; ours takes v_s' whole
+            np.testing.assert_allclose(ours.pg_advantage[:, column], theirs.pg_advantage, rtol=1e-5, atol=1e-5)
+
+
+def test_impala_loss_weights_are_learner_over_behaviour():
+    """The loss on a table 'network' equals the V-trace loss written out with rho = pi / mu."""
+    rng = np.random.default_rng(6)
+    t, n, actions = 5, 3, 3
+    logits = rng.normal(scale=2.0, size=(t * n, actions)).astype(np.float32)
+    value = rng.normal(size=t * n).astype(np.float32)
+    params = {"logits": jnp.asarray(logits), "value": jnp.asarray(value)}
+    action = rng.integers(0, actions, (t, n)).astype(np.int32)
+    behaviour = rng.normal(scale=2.0, size=(t, n)).astype(np.float32) - 1.5  # log mu, far from log pi
+    seqs = vtrace.Sequences(obs=jnp.zeros((t, n, 1)), action=jnp.asarray(action),
+                            reward=jnp.asarray(rng.normal(size=(t, n))),
+                            terminated=jnp.asarray(rng.random((t, n)) < 0.2), truncated=jnp.zeros((t, n), bool),
+                            log_prob=jnp.asarray(behaviour), final_value=jnp.zeros((t, n)),
+                            bootstrap_value=jnp.asarray(rng.normal(size=n)))
+    config = vtrace.ImpalaConfig(gamma=0.9, rho_bar=1.0, c_bar=1.0, pg_rho_bar=1.0)
+    _, m = vtrace.impala_loss(params, _table_apply, seqs, config)
+
+    log_pi = np.asarray(Categorical(jnp.asarray(logits)).log_prob(jnp.asarray(action.reshape(-1)))).reshape(t, n)
+    out = vtrace.vtrace_td_error_and_advantage(
+        seqs.reward, value.reshape(t, n), seqs.bootstrap_value, seqs.terminated, seqs.truncated,
+        seqs.final_value, log_pi - behaviour, 0.9)
+    np.testing.assert_allclose(m["policy_loss"], -np.mean(np.asarray(out.pg_advantage) * log_pi), rtol=1e-5)
+    np.testing.assert_allclose(m["value_loss"], 0.5 * np.mean(np.asarray(out.errors) ** 2), rtol=1e-5)
+    assert float(m["rho_clipped_fraction"]) == pytest.approx(np.mean(log_pi - behaviour > 0))
+
+
+def _table_apply(params, obs):
+    """A 'network' whose outputs are its parameters: one row per sample."""
+    return Categorical(params["logits"]), params["value"]
 
 
 def test_on_policy_is_the_n_step_return():

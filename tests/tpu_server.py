@@ -96,6 +96,8 @@ class FakeTpuService:
         self.worker_states: list[list[str]] = [["installing"] * workers, ["running"] * workers,
                                                ["exit=0"] * workers]
         self.create_error: tuple[grpc.StatusCode, str] | None = None
+        # Answer GetGuestAttributes in reverse, leaving out workers that published nothing.
+        self.guest_attributes_unordered = False
         self.nodes: dict[str, _Slot] = {}
         self.queued: dict[str, _Slot] = {}
         self.requests: list[tuple[str, object]] = []
@@ -255,14 +257,19 @@ class FakeTpuService:
         if request.name not in self.nodes:
             self._abort_not_found(context, request.name)
         if self.pod is not None and self.pod.runs(request.name):
-            snapshot = self.pod.guest_values(request.name)
-        else:
+            published = self.pod.guest_attributes(request.name)
+        else:  # scripted workers publish their number before their first state, as real ones
             snapshot = self.worker_states[min(self._guest_calls, len(self.worker_states) - 1)]
             self._guest_calls += 1
+            published = [{} if value is None else {"podracer/worker": str(index), "podracer/state": value}
+                         for index, value in enumerate(snapshot)]
+        if self.guest_attributes_unordered:  # the API names no worker and promises no order
+            published = [values for values in reversed(published) if values]
         attributes = []
-        for value in snapshot:
-            items = [] if value is None else [
-                tpu_v2.GuestAttributesEntry(namespace="podracer", key="state", value=value)]
+        for values in published:
+            items = [tpu_v2.GuestAttributesEntry(namespace=path.split("/")[0], key=path.split("/")[1],
+                                                 value=value)
+                     for path, value in sorted(values.items()) if path.startswith(request.query_path)]
             attributes.append(tpu_v2.GuestAttributes(
                 query_path=request.query_path,
                 query_value=tpu_v2.GuestAttributesValue(items=items)))

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib.util
-import sys
-import types
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podracer.envs.ids import import_gymnax, is_envpool_id, is_suite_id
+from podracer.envs.spec import EnvSpec
 from podracer.errors import PodracerError
 
 
@@ -61,18 +60,6 @@ class StepDraws(NamedTuple):
     reset_key: Any = None  # or if the reset is too costly to make ahead: then its key
 
 
-class EnvSpec(NamedTuple):
-    """Static description of an environment's spaces."""
-
-    obs_shape: tuple[int, ...]
-    obs_dtype: Any
-    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
-    discrete: bool
-    action_low: np.ndarray | None
-    action_high: np.ndarray | None
-    action_mask: bool = False  # the last `action_dim` observation entries are the legal actions (0/1)
-
-
 def _strongly_typed(tree):
     """`tree` with every leaf strongly typed (its dtype kept).
 
@@ -82,71 +69,6 @@ def _strongly_typed(tree):
     from its input's compiles again on its second call.
     """
     return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.result_type(x)), tree)
-
-
-def _is_envpool_id(env_id: str) -> bool:
-    """Whether Sebulba could run `env_id` (asked only to explain a refusal)."""
-    try:
-        import envpool
-    except ImportError:
-        return False
-    return env_id in envpool.list_all_envs()
-
-
-# Imported by gymnax at import time for its `render` methods only; loaded on first use.
-_RENDERING_MODULES = ("seaborn", "matplotlib.pyplot")
-
-
-def import_gymnax():
-    """gymnax, without importing its plotting libraries until something draws.
-
-    gymnax imports matplotlib's pyplot and seaborn (and through it pandas and
-    scipy) when it is imported, only for its environments' `render` methods:
-    about 1.2 of the 1.4 s its import takes on a 2-core CPU. Those two modules
-    are put in `sys.modules` as stand-ins that import the real module at the
-    first attribute asked of them, so rendering still works.
-    """
-    if "gymnax" not in sys.modules:
-        for name in _RENDERING_MODULES:
-            if name not in sys.modules:
-                _OnFirstUse.install(name)
-    import gymnax
-
-    return gymnax
-
-
-class _OnFirstUse(types.ModuleType):
-    """A module that imports the real one at the first attribute it lacks, then forwards to it.
-
-    (`importlib.util.LazyLoader` would load at once on Python 3.11: the import
-    system reads every module's `__spec__`, which for it counts as a use.)
-    """
-
-    @classmethod
-    def install(cls, name: str) -> None:
-        try:
-            spec = importlib.util.find_spec(name)  # imports a parent package (matplotlib) for real
-        except ImportError:
-            return
-        if spec is None:
-            return  # not installed: gymnax's own import says so
-        module = cls(name)
-        module.__spec__, module.__loader__, module.__file__ = spec, spec.loader, spec.origin
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, module)
-
-    def __getattr__(self, attr: str):
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        real = importlib.import_module(self.__name__)
-        self.__dict__.update(real.__dict__)
-        return getattr(real, attr)
-
-
-def gymnax_ids() -> list[str]:
-    return list(import_gymnax().registered_envs)
 
 
 class GymnaxEnv:
@@ -159,7 +81,7 @@ class GymnaxEnv:
         gymnax = import_gymnax()
 
         if env_id not in gymnax.registered_envs:
-            if _is_envpool_id(env_id):
+            if is_envpool_id(env_id):
                 raise PodracerError(f"{env_id} is an envpool environment, which runs on the host "
                                     f"CPU; use --arch=sebulba (--arch=anakin runs gymnax "
                                     f"environments, written in JAX)")
@@ -281,10 +203,10 @@ def make_env(env_id: str) -> GymnaxEnv:
     Made once per id and process: an environment holds no state of its own, and
     the command line's check of `--env` and the run then share it.
     """
-    from podracer.anakin import suites
+    if is_suite_id(env_id):
+        from podracer.anakin.suites import make_suite_env
 
-    if suites.is_suite_id(env_id):
-        return suites.make_suite_env(env_id)
+        return make_suite_env(env_id)
     if env_id.startswith(("gymnasium:", "py:")):
         raise PodracerError(f"{env_id} is a Gymnasium vector environment, which runs on the host CPU; "
                             f"use --arch=sebulba")

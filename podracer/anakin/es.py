@@ -64,10 +64,14 @@ def episode_horizon(env: GymnaxEnv, config: ESConfig) -> int:
     return int(limit)
 
 
+def members_per_device(config: ESConfig, num_devices: int) -> int:
+    """The generation's members on each of `num_devices` devices; a split that cannot work is refused."""
+    return parallel.split_evenly(config.population, num_devices, "population members", "--population")
+
+
 def make_es_layout(config: ESConfig, env: GymnaxEnv, mesh: Mesh) -> AnakinESLayout:
     num_devices = mesh.devices.size
-    members = parallel.split_evenly(config.population, num_devices, "population members",
-                                    "--population")
+    members = members_per_device(config, num_devices)
     horizon = episode_horizon(env, config)
     steps = config.population * config.episodes_per_member * horizon
     return AnakinESLayout(num_devices, members, horizon, steps)

@@ -64,12 +64,15 @@ class AnakinLayout(NamedTuple):
     steps_per_update: int  # global env steps
 
 
-def make_layout(config: AnakinConfig, ppo_config: PPOConfig, mesh: Mesh,
+def make_layout(config: AnakinConfig, ppo_config: PPOConfig, num_devices: int,
                 recurrent: bool = False, agents_sharded: bool = False) -> AnakinLayout:
-    """`recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
+    """Sizes on a mesh of `num_devices` (every process's); refuses, in one line, a split that cannot work.
+
+    `recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
     population's agents are split over the devices, each agent's environments all on
-    its own device (`podracer.anakin.population`)."""
-    num_devices = mesh.devices.size
+    its own device (`loop.make_programs`). The TPU preflight calls it
+    with a slice's device count before the slice exists.
+    """
     envs_per_device = config.num_envs if agents_sharded else parallel.split_evenly(
         config.num_envs, num_devices, "environments", "--num-envs")
     multiple = ppo_config.minibatches * (1 if agents_sharded else num_devices)
@@ -345,6 +348,6 @@ def make_anakin_phases(
 
 
 def _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update) -> Programs:
-    make_layout(config, ppo_config, mesh, is_recurrent(network))
+    make_layout(config, ppo_config, mesh.devices.size, is_recurrent(network))
     agent_for = actor_critic_agent(network, optimizer, ppo_config, env.spec, config.rollout_len, make_update)
     return make_programs(env, agent_for, config, mesh)

@@ -16,13 +16,13 @@ import numpy as np
 
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.env import make_env
-from podracer.anakin.suites.base import check_masked_inputs
+from podracer.envs.spec import check_masked_inputs
 from podracer.anakin.loop import make_layout, make_programs
 from podracer.anakin.population import agent_inputs
 from podracer.actor_critic import actor_critic
 from podracer.anakin.profiled import NOTE, compile_agent_phases, make_profiled_train
 from podracer.config import make_optimizer
-from podracer.data.record import ppo_policy
+from podracer.acting import ppo_policy
 from podracer import population
 from podracer.networks import is_recurrent, make_network
 from podracer.protocol import parallel
@@ -65,7 +65,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                            net.hidden, net.activation, network=net.network,
                            action_mask=env.spec.action_mask)
-    layout = make_layout(anakin, ppo_config, mesh, is_recurrent(network), sharded)
+    layout = make_layout(anakin, ppo_config, mesh.devices.size, is_recurrent(network), sharded)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     num_updates = num_calls * anakin.updates_per_call

@@ -15,10 +15,10 @@ import jax
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.env import make_env
 from podracer import population
-from podracer.anakin.suites.base import check_masked_inputs
+from podracer.envs.spec import check_masked_inputs
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
 from podracer.anakin.population import agent_inputs, make_anakin_es_population, make_anakin_es_population_phases
-from podracer.data.record import es_policy
+from podracer.acting import es_policy
 from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
 from podracer.es.metrics import ES_FIX, es_row
 from podracer.networks import make_policy_network

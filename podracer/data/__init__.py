@@ -11,13 +11,14 @@ Importing this package needs nothing beyond podracer's own dependencies;
 writing and reading need `pip install -e ".[data]"` (the distribution is `podracer-rl`).
 """
 
+from podracer.acting import Policy, es_policy, policy_act_fn, ppo_policy
 from podracer.data.config import DataConfig
 from podracer.data.episodes import (EpisodeBatch, demonstrations, pad_episodes, returns_to_go,
                                     unpad_episodes, windows)
 from podracer.data.reader import (check_fields, dataset_metadata, describe_steps, find_dataset_dir,
                                   iter_episodes, load_episodes, load_windows, open_dataset,
                                   read_episodes)
-from podracer.data.record import Policy, es_policy, make_recorder, policy_act_fn, ppo_policy
+from podracer.data.record import make_recorder
 from podracer.data.record_envpool import record_envpool
 from podracer.data.spec import (EPISODE_METADATA, RLDS_STEP_FIELDS, FieldSpec, step_spec,
                                 step_spec_for_env)

@@ -1,8 +1,8 @@
 """Record episodes of a policy on an Anakin (gymnax) environment, as RLDS-layout arrays.
 
-A policy to record is an `ActFn` and its first argument (`Policy`): `ppo_policy`
-builds one from a PPO train state, `es_policy` from an ES search distribution's
-mean. `make_recorder` returns a pure, jittable function that runs one episode in each
+A policy to record is an `ActFn` and its first argument (`podracer.acting.Policy`):
+`ppo_policy` builds one from a PPO train state, `es_policy` from an ES search
+distribution's mean. `make_recorder` returns a pure, jittable function that runs one episode in each
 of `num_episodes` environments at once (vmapped) and lays the steps out the RLDS
 way, batch-major: step t holds the observation the policy acted on, its action
 and log-probability, and the reward that followed; one more step holds the final
@@ -11,70 +11,15 @@ observation. The result goes straight to `DatasetWriter.add_episodes`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from podracer.acting import ActFn
 from podracer.data.episodes import EpisodeBatch
 from podracer.data.spec import (ACTION, DISCOUNT, IS_FIRST, IS_LAST, IS_TERMINAL, OBSERVATION,
                                 POLICY_LOG_PROB, REWARD)
-from podracer.policy import make_es_act
-from podracer.ppo import PPOConfig, make_act
-
-# act_fn(params, obs [B, ...], keys [B, 2]) -> (action [B, ...], log_prob [B], ...)
-ActFn = Callable[[Any, jax.Array, jax.Array], tuple]
-
-
-def policy_act_fn(apply_fn: Callable, ppo_config: PPOConfig, deterministic: bool = False) -> ActFn:
-    """An `act_fn` whose params are a PPO `TrainState` (its network params and
-    observation statistics). `deterministic` takes the distribution's mode; the
-    log-probability recorded is still that of the stochastic policy."""
-    act = make_act(apply_fn, ppo_config, deterministic)
-
-    def act_fn(state, obs, keys):
-        action, log_prob, _ = act(state.params, state.obs_stats, obs, keys)
-        return action, log_prob
-
-    return act_fn
-
-
-class Policy(NamedTuple):
-    """A policy to record: `act_fn(params, obs, keys)`, and how the dataset's metadata names it."""
-
-    act_fn: ActFn
-    params: Any  # act_fn's first argument: a pytree of arrays (host, device or global)
-    name: str  # metadata.json's "policy": "ppo", "impala" or "es"
-    deterministic: bool  # metadata.json's "deterministic"
-
-
-def ppo_policy(train_state, apply_fn: Callable, ppo_config: PPOConfig,
-               deterministic: bool = False, name: str = "ppo") -> Policy:
-    """An actor-critic `TrainState`'s policy (`policy_act_fn`): a sampled action, or the most likely one.
-
-    `name` is the algorithm that trained it (PPO or IMPALA: the same actor-critic).
-    """
-    return Policy(policy_act_fn(apply_fn, ppo_config, deterministic), train_state, name,
-                  deterministic)
-
-
-def es_policy(mean, obs_stats, es_config, net, spec) -> Policy:
-    """The ES search distribution's `mean` acting as its evaluation episodes do.
-
-    `podracer.policy.make_es_act`: the flat mean unravelled into the
-    `make_policy_network` params of `net` and `spec`; ARS V2 reads observations
-    through the run's `obs_stats` (`es.RunningStats`). The policy is
-    deterministic, so the recorded `policy_log_prob` is 0 (log 1) on every step.
-    """
-    act = make_es_act(es_config, net, spec)
-
-    def act_fn(params, obs, keys):
-        del keys  # deterministic
-        mean, obs_stats = params
-        return act(mean, obs_stats, obs), jnp.zeros(obs.shape[0], jnp.float32)
-
-    return Policy(act_fn, (mean, obs_stats), "es", True)
-
 
 def default_max_steps(env) -> int:
     """The environment's own time limit, which every episode reaches at the latest

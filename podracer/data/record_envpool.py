@@ -29,7 +29,7 @@ import math
 import jax
 import numpy as np
 
-from podracer.data.record import Policy
+from podracer.acting import Policy
 from podracer.data.writer import DatasetWriter
 from podracer.protocol import parallel
 

@@ -20,7 +20,8 @@ A run session calls three functions, each a no-op when its flag is not given:
 Either dataset directory may be `gs://BUCKET/PATH`: `DatasetWriter` records
 locally and uploads, the readers read a temporary local copy.
 
-The run session (`podracer.session.session`) makes these calls for every pair.
+The orchestrator hands them to the run session (`HOOKS`, through
+`podracer.session.session.handing`), which makes these calls for every pair.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from podracer.bc import BCConfig, Demonstrations, make_bc_update
 from podracer.data.config import DataConfig
 from podracer.data.episodes import demonstrations, unpad_episodes
 from podracer.data.reader import find_dataset_dir, load_episodes
-from podracer.data.record import Policy, make_recorder
+from podracer.acting import Policy
+from podracer.data.record import make_recorder
 from podracer.data.record_envpool import record_envpool
 from podracer.data.spec import ACTION, IS_LAST, OBSERVATION, STEPS, import_tfds, step_spec_for_env
 from podracer.data.writer import DatasetWriter, check_new_dataset_dir
@@ -46,6 +48,7 @@ from podracer.normalize import init_running_stats, update_stats
 from podracer.policy import env_spec_of
 from podracer.ppo import PPOConfig, init_train_state
 from podracer.session import storage
+from podracer.session.session import DatasetHooks
 from podracer.types import TrainState
 from podracer.version import __version__
 
@@ -190,3 +193,7 @@ def _record_gymnax(writer: DatasetWriter, env_id: str, policy: Policy, num_episo
             writer.add_episode(episode[STEPS])
             returns.append(float(episode["episode_return"]))
     return returns
+
+
+# What the orchestrator hands every run's session.
+HOOKS = DatasetHooks(check=check_data_config, warm_start=warm_start_state, record=record_policy)

@@ -1,4 +1,6 @@
-"""The command line's entry point: parse, join the processes, say what will run, dispatch to a pair.
+"""Training from the command line: parse, join the processes, say what will run, dispatch to a pair.
+
+`podracer.command` hands it every command that is not `eval` or the TPU's.
 
 Nothing below this package reads `sys.argv` or the environment.
 """
@@ -6,20 +8,20 @@ Nothing below this package reads `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from podracer import config as run_config
 from podracer import population
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
-from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
-from podracer.session import signals, startup, storage
+from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs, triple
+from podracer.orchestrate.plan import rounding_note
+from podracer.session import heartbeat, signals, startup, storage
 from podracer.session.checkpoint import check_resumable
 from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, finished_message,
                                       link_latest, prepare_run_dir, unlink_new_run)
@@ -69,14 +71,27 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
         previous_latest = link_latest(run_dir)
     if main_process:
         print(first_line(parsed, state, split), flush=True)
-        print("compiling the training program (the first progress line follows it)", flush=True)
+        heartbeat.begin(f"compiling {_what_compiles(configs)}")  # ended when training starts
+    from podracer.data.train_hooks import HOOKS
+    from podracer.session.session import handing
+
     try:
-        summary, _ = trainer(configs)
+        with handing(HOOKS):
+            summary, _ = trainer(configs)
     except PodracerError:
         if new_dir and main_process:  # refused while building: leave no empty run behind
             unlink_new_run(run_dir, previous_latest)
         raise
+    finally:
+        heartbeat.end()
     return summary
+
+
+def _what_compiles(configs: dict[str, Any]) -> str:
+    run = configs["run"]
+    agents = (f", {len(population.agents(configs))} agents in one program"
+              if population.is_population(configs) else "")
+    return f"the training program of {run.arch} {run.algo} on {run.env}{agents}"
 
 
 def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
@@ -91,6 +106,8 @@ def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
     processes = f" over {jax.process_count()} processes" if jax.process_count() > 1 else ""
     where = (f"resuming {run_cfg.run_dir} from env step {state.checkpoint_steps:,}" if state.resumes
              else f"new run in {run_cfg.run_dir}")
+    rounded = rounding_note(parsed.configs)
+    where += f"; {rounded}" if rounded else ""
     changed = parsed.differences()
     settings = f"; not defaults: {' '.join(changed)}" if changed else "; default settings"
     why = (f" (one per core, each running its share of the {_split_units(parsed.configs)}; "
@@ -259,64 +276,28 @@ def _trainer(arch: str, algo: str):
                         f"use --arch=anakin or --arch=sebulba with --algo=ppo, impala or es")
 
 
-# Launcher verbs handled by the TPU provisioner rather than by training.
-PROVISION_VERBS = ("up", "status", "down", "list")
-
-
-def _is_provision(argv: Sequence[str]) -> bool:
-    return bool(argv) and argv[0] in PROVISION_VERBS or any(
-        arg == "--tpu" or arg.startswith("--tpu=") for arg in argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: exit status 0, or 2 with one line on stderr for a user error.
+    """Train: exit status 0, or 2 with one line on stderr for a user error.
 
     Without `argv`, the process's own command line: the run's start-up is
-    counted from the process's start, and the process is about to end when this
-    returns. Its last act is then `gc.freeze()`: the interpreter's collections
-    at exit skip the objects alive now (JAX's, about half a second of a 2-core
-    CPU, all of them freed with the process anyway). Every file podracer wrote
-    is closed by then; atexit handlers and library threads still run.
+    counted from the process's start. (`podracer.command.main` hands the
+    other verbs, `eval` and the TPU's, to their own commands.)
     """
     entry = argv is None
-    status = _main(sys.argv[1:] if entry else list(argv), entry)
-    if entry:
-        gc.freeze()
+    argv = sys.argv[1:] if entry else list(argv)
+    status = exit_status(lambda: _train(argv, entry))
+    late = signals.late_signal()
+    if status == 0 and late:
+        print(f"stopped by signal {late} while the results were written; they are complete",
+              file=sys.stderr)
+        return 128 + late
     return status
 
 
-def _main(argv: list[str], entry: bool) -> int:
-    if _is_provision(argv):
-        from podracer.provision.cli import main as provision_main
-
-        return provision_main(argv)
+def exit_status(command: Callable[[], int]) -> int:
+    """`command()`'s exit status; a user error, a stop or Ctrl-C is one line on stderr and its status."""
     try:
-        if argv[:1] == ["eval"]:
-            from podracer.evaluate import main as evaluate_main
-
-            logging.getLogger("absl").setLevel(logging.CRITICAL)
-            return evaluate_main(argv[1:])
-        parsed = parse(argv)
-        if parsed.print_config:
-            print(config_text(parsed))
-            return 0
-        distributed = parsed.configs["distributed"]
-        if distributed.spawns:
-            from podracer.orchestrate import distributed as orchestrate
-
-            # Every process writes to the same run directory: name it once, here.
-            named = [a for a in argv if not (a == "--print-config")]
-            if "run_dir" not in parsed.given:
-                named.append(f"--run-dir={parsed.configs['run'].run_dir}")
-            return orchestrate.spawn_local(named, distributed.num_processes)
-        # Until training starts a signal ends the run at once (compilation cannot be
-        # interrupted from Python); then the training loop saves and stops.
-        if entry:  # the code is its files: compiled programs can be kept whole
-            from podracer.session import program_cache
-
-            program_cache.use_from_command_line()
-        with signals.exit_at_once_until_training():
-            run(argv, parsed, started=startup.process_start_time() if entry else None)
+        return command()
     except PodracerError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
@@ -326,9 +307,28 @@ def _main(argv: list[str], entry: bool) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    late = signals.late_signal()
-    if late:
-        print(f"stopped by signal {late} while the results were written; they are complete",
-              file=sys.stderr)
-        return 128 + late
+
+
+def _train(argv: list[str], entry: bool) -> int:
+    if {"-h", "--help"} & set(argv) and any(a == "--env" or a.startswith("--env=") for a in argv):
+        arch, _, env = triple(argv)  # help shows that environment's defaults: it must be one
+        if arch in run_config.ARCHS:
+            _check_env(run_config.RunConfig(arch=arch, env=env))
+    parsed = parse(argv)
+    if parsed.print_config:
+        print(config_text(parsed))
+        return 0
+    distributed = parsed.configs["distributed"]
+    if distributed.spawns:
+        from podracer.orchestrate import distributed as orchestrate
+
+        # Every process writes to the same run directory: name it once, here.
+        named = [a for a in argv if not (a == "--print-config")]
+        if "run_dir" not in parsed.given:
+            named.append(f"--run-dir={parsed.configs['run'].run_dir}")
+        return orchestrate.spawn_local(named, distributed.num_processes)
+    # Until training starts a signal ends the run at once (compilation cannot be
+    # interrupted from Python); then the training loop saves and stops.
+    with signals.exit_at_once_until_training():
+        run(argv, parsed, started=startup.process_start_time() if entry else None)
     return 0

@@ -20,8 +20,7 @@ directory others can write.
 Every program is cached, however quickly it compiled (JAX's defaults keep only
 those that took a second or more, which would leave most of a CartPole run's
 start-up compiling anew each time). Only process 0 of a multi-process run
-writes; every process reads. A command-line run also keeps its main programs
-whole in `programs/` of a local cache directory (`podracer.session.program_cache`).
+writes; every process reads.
 """
 
 from __future__ import annotations

@@ -150,9 +150,12 @@ def add_fields(parser: argparse.ArgumentParser, sections: dict[str, type],
 
 
 def parse_section(cls: type, argv: Sequence[str], prog: str):
-    """Parse `argv` into one config dataclass (for verbs such as `eval`)."""
+    """Parse `argv` into one config dataclass (for verbs such as `eval`: `prog` "podracer eval").
+
+    Its flags are listed under the verb's name, below argparse's own "options" (`--help`).
+    """
     parser = Parser(prog=prog, allow_abbrev=False)
-    add_fields(parser, {"options": cls})
+    add_fields(parser, {prog.split()[-1]: cls})
     given = {k: v for k, v in vars(parser.parse_args(list(argv))).items() if v is not None}
     try:
         return cls(**given)

@@ -28,6 +28,7 @@ from podracer import population
 from podracer.population import PopulationConfig
 from podracer.presets import preset_for
 from podracer.sebulba.config import SebulbaConfig
+from podracer.version import __version__
 from podracer.session.checkpoint import CheckpointConfig, config_record
 from podracer.session.run_dir import new_run_name
 
@@ -49,7 +50,7 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def _triple(argv: Sequence[str]) -> tuple[str, str, str]:
+def triple(argv: Sequence[str]) -> tuple[str, str, str]:
     """--arch, --algo and --env as given (else their defaults), before the full parse."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     defaults = run_config.RunConfig()
@@ -61,15 +62,16 @@ def _triple(argv: Sequence[str]) -> tuple[str, str, str]:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The training parser; its help shows the defaults of the triple `argv` names."""
-    arch, algo, env = _triple(argv)
+    arch, algo, env = triple(argv)
     parser = Parser(
         prog="podracer",
         description="Train with podracer (also: python launch/tpu.py). Runs on every device JAX "
                     "sees (all TPU cores of a TPU VM, forced CPU devices with --cpu-devices). "
                     "Defaults below are those of the --arch/--algo/--env given (a preset per "
-                    "triple). Verbs: eval (score a run's policy), up/status/down/list (TPU "
-                    "slices; see README).",
+                    "triple). Verbs: eval (score a run's policy), plot (draw runs' curves), "
+                    "up/status/logs/attach/down/list (TPU slices; see the docs' TPU page).",
         allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"podracer {__version__}")
     parser.add_argument("--print-config", action="store_true", default=None,
                         help="print the resolved settings (defaults, preset and flags) and exit")
     add_fields(parser, SECTIONS, preset_for(arch, algo, env), (arch, algo),

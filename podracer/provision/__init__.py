@@ -1,6 +1,6 @@
 """The provisioner: TPU VM slices through the Cloud TPU API (`google.cloud.tpu_v2`).
 
-`cli.main(argv)` is the entry point `launch/tpu.py` calls. The pieces it is
+`cli.main(argv)` runs the TPU verbs `podracer.command` hands it. The pieces it is
 built from are importable on their own: flag values checked without the API
 (`validate`), the training flags checked with the trainer's parser before a
 slice is paid for (`preflight`), pure request builders (`api_requests`), the

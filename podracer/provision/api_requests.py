@@ -91,8 +91,10 @@ def create_queued_resource_request(
     if spec.spot:
         resource.spot = tpu_v2.QueuedResource.Spot()
     if spec.reserved:
-        # As `gcloud compute tpus queued-resources create --reserved` asks: any
-        # reservation of the project in the zone.
+        # What gcloud sends (v2 API) for `queued-resources create --reserved` without a
+        # --reservation-host-* flag: reservationName `projects/PROJECT/locations/ZONE/
+        # reservations/-`, any reservation of the project in the zone (a host flag puts
+        # another project, folder or organization in that form).
         resource.reservation_name = f"{spec.parent}/reservations/-"
     return tpu_v2.CreateQueuedResourceRequest(
         parent=spec.parent,

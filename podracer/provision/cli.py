@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from podracer.errors import Interrupted, PodracerError
-from podracer.provision import preflight, validate
+from podracer.provision import preflight, slices, validate
 from podracer.provision.spec import (CLOUD_PLATFORM_SCOPE, TPU_VERSIONS, Command, SliceSpec,
                                      Timing, default_runtime_version)
 
@@ -71,9 +71,12 @@ def _worker_index(text: str) -> int:
     return int(text)
 
 
-def _make_parser(verb: str) -> _Parser:
-    program = "python launch/tpu.py" + (f" {verb}" if verb != "run" else "")
-    parser = _Parser(prog=program, allow_abbrev=False,
+LAUNCHER = "python launch/tpu.py"
+
+
+def _make_parser(verb: str, program: str = LAUNCHER) -> _Parser:
+    """`program` is how the user called podracer (`podracer` or `python launch/tpu.py`)."""
+    parser = _Parser(prog=program + (f" {verb}" if verb != "run" else ""), allow_abbrev=False,
                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     slice_flags = parser.add_argument_group("the slice")
     slice_flags.add_argument("--tpu", metavar="NAME", help="name of the TPU slice")
@@ -145,8 +148,10 @@ def _make_parser(verb: str) -> _Parser:
                            metavar="SECONDS", help="give up if the slice is not ready by then")
     api_flags.add_argument("--max-run-time", type=_seconds, default=Timing.run_timeout,
                            metavar="SECONDS", help="stop the run (it saves a checkpoint) and delete "
-                                                   "the slice once it has gone this long (default "
-                                                   "86400); the workers keep this deadline too")
+                                                   "the slice once it has gone this long, counted "
+                                                   "from the slice being ready: time queued for "
+                                                   "capacity does not count (default 86400); the "
+                                                   "workers keep this deadline too")
     api_flags.add_argument("--repair-timeout", type=_seconds, default=Timing.repair_timeout,
                            metavar="SECONDS", help="a slice not READY (REPAIRING) this long mid-run "
                                                    "is lost: restarted, or deleted (default 1800)")
@@ -167,14 +172,14 @@ def provisioner_flags(verb: str = "run") -> list[str]:
             for option in action.option_strings if option.startswith("--")]
 
 
-def parse_command(argv: list[str]) -> Command:
+def parse_command(argv: list[str], program: str = LAUNCHER) -> Command:
     """Turns argv (without the program name) into a `Command`; raises `PodracerError`."""
     verb, rest = _split_verb(list(argv))
     after_dashes: list[str] = []
     if "--" in rest:
         split = rest.index("--")
         rest, after_dashes = rest[:split], rest[split + 1:]
-    args, unknown = _make_parser(verb).parse_known_args(rest)
+    args, unknown = _make_parser(verb, program).parse_known_args(rest)
     if verb in ("status", "logs", "attach", "down") and args.tpu is None and unknown and not unknown[0].startswith("-"):
         args.tpu = unknown.pop(0)  # `status NAME`, as with gcloud
     run_dir = None
@@ -185,7 +190,7 @@ def parse_command(argv: list[str]) -> Command:
         first = training_flags[0]
         hint = preflight.suggestion(first, provisioner_flags(verb)) if first.startswith("--") else ""
         raise PodracerError(f"unexpected argument {first!r} for `{verb}`{hint} "
-                            f"(see `python launch/tpu.py {verb} --help`)")
+                            f"(see `{program} {verb} --help`)")
 
     required = {} if run_dir else {"--zone": args.zone}
     if verb != "list" and not run_dir:
@@ -250,13 +255,19 @@ def check_command(command: Command) -> None:
     """Everything that can be checked before a slice exists; the training flags above all."""
     if command.verb in ("run", "up"):
         preflight.check_training_flags(command.training_flags, provisioner_flags(command.verb))
+        spec = command.spec
+        shape = slices.slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
+        if shape is not None:  # a version the table does not know is left to the API
+            preflight.check_layout(command.training_flags, shape)
         from podracer.provision import staging
 
         staging.slice_run_dir(command.bucket, command.training_flags, command.spec.name)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], program: str = LAUNCHER) -> int:
     """Runs one provisioner command; returns the exit status.
+
+    `program` names the command in help and hints: `python launch/tpu.py` or `podracer`.
 
     0: done; 1: the run or the slice failed; 2: a problem with the command, the
     credentials or the API; 130: interrupted. Errors are one line on stderr.
@@ -270,7 +281,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
 
     try:
-        command = parse_command(argv)
+        command = parse_command(argv, program)
         check_command(command)
         return _load_commands().execute(command, say)
     except (PodracerError, Interrupted) as error:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-import time
 from pathlib import Path
 
 from podracer.errors import PodracerError
@@ -23,7 +22,7 @@ from podracer.provision.api import (
 )
 from podracer.provision.lifecycle import Say, delete_slice, new_launch_id, read_worker_states
 from podracer.provision.supervise import Launch, follow, say_results
-from podracer.provision import logs, staging
+from podracer.provision import logs, needs, staging
 from podracer.provision.report import (
     describe_node,
     describe_queued_resource,
@@ -31,6 +30,7 @@ from podracer.provision.report import (
     list_table,
     where_to_look,
 )
+from podracer.provision.slices import slice_shape
 from podracer.provision.spec import Command, SliceSpec
 from podracer.provision.startup import make_startup_script, worker_config
 from podracer.session import storage
@@ -131,14 +131,14 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     # A finished run's slice is deleted by whoever sees the end first: the launcher
     # following it, or its workers (with their service account), when it is not kept.
     self_delete = command.verb == "run" and not command.keep
-    extras = staging.worker_extras(command.training_flags) + (("tpu",) if self_delete else ())
+    extras = needs.worker_extras(command.training_flags) + (("tpu",) if self_delete else ())
+    modules = needs.env_module_files(_env_id(command.training_flags), Path.cwd(), extras)
     staged = staging.prepare(run_dir, command.launcher or staging.DEFAULT_LAUNCHER, build_dir,
-                             extras)
-    deadline = time.time() + command.timing.run_timeout
+                             extras, modules)
     config = worker_config(run_dir, staged.code_dir, staged.names,
                            _without_run_dir(command.training_flags), staging.UV_VERSION,
                            staging.python_version(), max_restarts=command.max_restarts,
-                           deadline_unix=deadline,
+                           max_run_time_s=command.timing.run_timeout,
                            delete_when_done=_slice_address(spec, command) if self_delete else None)
     script = make_startup_script(config)
     node = requests.make_node(spec, script, new_launch_id(), run_dir)
@@ -148,8 +148,14 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     else:
         create = requests.create_node_request(spec, node)
     launch = Launch(run_dir, create, max_restarts=command.max_restarts,
-                    keep=command.keep or command.verb == "up", deadline_unix=deadline)
-    notes = [f"run directory: {run_dir}",
+                    keep=command.keep or command.verb == "up",
+                    max_run_time_s=command.timing.run_timeout)
+    shape = slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
+    notes = [f"run directory: {run_dir}"]
+    if shape is not None:
+        notes.append(f"slice: {shape.describe()}, one process of the run per host; the "
+                     f"run's layout was checked for it")
+    notes += [
              f"workers install {staged.wheel.name} and the {staging.LOCK_NAME} beside it "
              f"(uv {staging.UV_VERSION}, Python {staging.python_version()}), staged in "
              f"{staged.code_dir}"]
@@ -159,6 +165,12 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
                      "locked packages) only through Cloud NAT, and the bucket only with "
                      "Private Google Access, on their subnetwork")
     return _Plan(create, script, run_dir, staged, launch, tuple(notes))
+
+
+def _env_id(training_flags) -> str:
+    from podracer.orchestrate.parse import parse
+
+    return parse(list(training_flags)).configs["run"].env
 
 
 def _slice_address(spec: SliceSpec, command: Command) -> dict:
@@ -296,7 +308,7 @@ def _dry_run(command: Command, say: Say) -> int:
     elif command.verb == "status":
         sent = [requests.get_node_request(spec), requests.get_queued_resource_request(spec),
                 requests.guest_attributes_request(spec)]
-    elif command.verb == "logs":
+    elif command.verb in ("logs", "attach"):
         sent = [requests.get_node_request(spec)]
     elif command.verb == "down":
         sent = [requests.get_node_request(spec), requests.delete_request(spec)]

@@ -21,6 +21,7 @@ from podracer.provision.spec import SliceSpec
 from podracer.provision.startup import (
     GUEST_ATTRIBUTE_KEY,
     GUEST_ATTRIBUTE_NAMESPACE,
+    WORKER_KEY,
     WorkerState,
     parse_worker_state,
 )
@@ -150,18 +151,23 @@ def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say, start: float) -> 
 
 
 def read_worker_states(api: TpuApi, spec: SliceSpec, workers: int) -> list[WorkerState]:
-    """What each worker last published; workers that have not reported are booting."""
+    """What each worker last published, by worker number; workers that have not reported are booting.
+
+    The API answers one entry per worker without naming it, in no promised
+    order, and may leave out a worker that has published nothing: each worker
+    publishes its number (`podracer/worker`) before its first state, and its
+    entry is read as that worker's. An entry without a number (a worker program
+    older than this launcher) counts by its position.
+    """
     response = api.send_or_none(requests.guest_attributes_request(spec),
                                 f"reading the workers of TPU {spec.name}")
-    values: list[str | None] = []
-    for attributes in response.guest_attributes if response is not None else []:
-        value = None
-        for entry in attributes.query_value.items:
-            if (entry.namespace, entry.key) == (GUEST_ATTRIBUTE_NAMESPACE, GUEST_ATTRIBUTE_KEY):
-                value = entry.value
-        values.append(value)
-    values += [None] * (workers - len(values))
-    return [parse_worker_state(value) for value in values]
+    values: dict[int, str | None] = {}
+    for position, attributes in enumerate(response.guest_attributes if response is not None else []):
+        found = {entry.key: entry.value for entry in attributes.query_value.items
+                 if entry.namespace == GUEST_ATTRIBUTE_NAMESPACE}
+        number = found.get(WORKER_KEY, "")
+        values[int(number) if number.isdigit() else position] = found.get(GUEST_ATTRIBUTE_KEY)
+    return [parse_worker_state(values.get(index)) for index in range(workers)]
 
 
 @dataclass(frozen=True)

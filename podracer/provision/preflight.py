@@ -20,6 +20,7 @@ import difflib
 from typing import Iterable, Sequence
 
 from podracer.errors import PodracerError
+from podracer.provision.slices import SliceShape
 
 # What the slice decides for itself: every worker is one process of the run;
 # the worker program joins them (`podracer.provision.worker`).
@@ -83,3 +84,47 @@ def check_env(arch: str, env: str) -> None:
         from podracer.sebulba.envs import env_spec
 
         env_spec(env)
+
+
+def check_layout(training_flags: Sequence[str], shape: SliceShape) -> None:
+    """The run's layout on the slice's hosts and devices, as the workers' trainer will check it.
+
+    Sebulba: every host's actor/learner split and the environment (or ES member)
+    counts over every actor thread of every host. Anakin: the environments, ES
+    members or a population's agents over every device of the slice. Refused in
+    one line that names the slice and the fix, before anything is paid for.
+    """
+    from podracer.orchestrate.parse import parse
+
+    configs = parse(training_flags).configs
+    try:
+        _check_layout(configs, shape)
+    except PodracerError as error:
+        raise PodracerError(f"on {shape.describe()}: {error}") from None
+
+
+def _check_layout(configs: dict, shape: SliceShape) -> None:
+    from podracer import population
+
+    run = configs["run"]
+    recurrent = configs["network"].network != "mlp"
+    if run.arch == "sebulba":
+        from podracer.sebulba.config import make_layout, split_devices
+
+        # Only the number of each host's devices matters here, not the devices.
+        split = split_devices(configs["sebulba"], list(range(shape.devices_per_host)))
+        if run.algo == "es":
+            from podracer.sebulba.es import make_es_layout
+
+            make_es_layout(configs["es"], configs["sebulba"], split, shape.hosts)
+        else:
+            make_layout(configs["sebulba"], configs[run.algo], split, shape.hosts, recurrent)
+    elif run.algo == "es":
+        from podracer.anakin.es import members_per_device
+
+        members_per_device(configs["es"], shape.devices)
+    else:
+        from podracer.anakin.loop import make_layout as anakin_layout
+
+        sharded = population.check_agents(len(population.agents(configs)), shape.devices)
+        anakin_layout(configs["anakin"], configs[run.algo], shape.devices, recurrent, sharded)

@@ -10,7 +10,9 @@ not resolve first:
 - a lock: every distribution that wheel needs, at the version installed here
   (`name==version`), with `jax[tpu]` at the local `jax` version; the workers'
   `uv` is pinned too (`UV_VERSION`);
-- the launcher file the workers run.
+- the launcher file the workers run, and beside it a `py:MODULE:FUNCTION`
+  environment's module from the working directory (`podracer.provision.needs`,
+  which also names the extras the run's flags need in the lock).
 
 They go to `RUN_DIR/code/`. The run directory is always in a bucket (the
 slice's disks are deleted with it): `--run-dir=gs://BUCKET/PATH`, or
@@ -100,7 +102,7 @@ def slice_run_dir(bucket: str | None, training_flags: Sequence[str], slice_name:
     if bucket is None:
         raise PodracerError(
             "a slice's results need a bucket (its disks are deleted with it): pass "
-            "--bucket=gs://BUCKET (or --run-dir=gs://BUCKET/PATH); see the README's TPU section")
+            "--bucket=gs://BUCKET (or --run-dir=gs://BUCKET/PATH); see docs/tpu.md")
     from podracer.orchestrate.parse import parse
 
     run = parse(list(training_flags)).configs["run"]
@@ -294,16 +296,19 @@ class Staged:
     lock_text: str
     launcher_text: str
     code_dir: str
+    modules: tuple[tuple[str, Path], ...] = ()  # (name beside the launcher, its file): a py: env's
 
     @property
     def names(self) -> dict[str, str]:
         """Role -> file name in `code_dir`."""
-        return {"wheel": self.wheel.name, "lock": LOCK_NAME, "launcher": LAUNCHER_NAME}
+        return {"wheel": self.wheel.name, "lock": LOCK_NAME, "launcher": LAUNCHER_NAME,
+                **{f"module:{name}": name for name, _ in self.modules}}
 
     def describe(self) -> list[str]:
         """One line per staged file: its URL, size and sha256 prefix."""
         contents = {self.wheel.name: self.wheel.read_bytes(), LOCK_NAME: self.lock_text.encode(),
-                    LAUNCHER_NAME: self.launcher_text.encode()}
+                    LAUNCHER_NAME: self.launcher_text.encode(),
+                    **{name: path.read_bytes() for name, path in self.modules}}
         return [f"{storage.join(self.code_dir, name)}  {len(data):,} bytes  "
                 f"sha256 {hashlib.sha256(data).hexdigest()[:16]}"
                 for name, data in contents.items()]
@@ -312,6 +317,8 @@ class Staged:
         storage.upload(str(self.wheel), storage.join(self.code_dir, self.wheel.name))
         storage.write_text(storage.join(self.code_dir, LOCK_NAME), self.lock_text)
         storage.write_text(storage.join(self.code_dir, LAUNCHER_NAME), self.launcher_text)
+        for name, path in self.modules:
+            storage.upload(str(path), storage.join(self.code_dir, name))
 
 
 def read_launcher(path: Path) -> str:
@@ -323,21 +330,19 @@ def read_launcher(path: Path) -> str:
             "checkout or pass --launcher=PATH") from None
 
 
-def prepare(run_dir: str, launcher: Path, build_dir: Path, extras: Sequence[str]) -> Staged:
-    """Builds the wheel and the lock for `run_dir`'s code folder (nothing is uploaded)."""
+def prepare(run_dir: str, launcher: Path, build_dir: Path, extras: Sequence[str],
+            modules: dict[str, Path] | None = None) -> Staged:
+    """Builds the wheel and the lock for `run_dir`'s code folder (nothing is uploaded).
+
+    `modules`: files staged beside the launcher, by name (a `py:` environment's
+    module, `podracer.provision.needs.env_module_files`).
+    """
     lock_lines = lock(extras)
     header = (f"# what the workers of {run_dir} install, resolved on the machine that launched "
               f"it (Python {sys.version_info.major}.{sys.version_info.minor}); uv=={UV_VERSION}\n")
     return Staged(wheel=build_wheel(build_dir), lock_text=header + "\n".join(lock_lines) + "\n",
-                  launcher_text=read_launcher(launcher), code_dir=code_dir(run_dir))
-
-
-def worker_extras(training_flags: Sequence[str]) -> tuple[str, ...]:
-    """The extras the workers need for these flags: gcs always, wandb with --wandb."""
-    extras = list(WORKER_EXTRAS)
-    if any(flag == "--wandb" or flag.startswith("--wandb=") for flag in training_flags):
-        extras.append("wandb")
-    return tuple(extras)
+                  launcher_text=read_launcher(launcher), code_dir=code_dir(run_dir),
+                  modules=tuple((modules or {}).items()))
 
 
 def python_version() -> str:

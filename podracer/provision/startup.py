@@ -22,6 +22,7 @@ from pathlib import Path
 from podracer.provision import worker, worker_io
 
 GUEST_ATTRIBUTE_NAMESPACE, GUEST_ATTRIBUTE_KEY = worker_io.GUEST_ATTRIBUTE.split("/")
+WORKER_KEY = worker_io.WORKER_ATTRIBUTE.split("/")[1]
 WORKER_HOME = "/opt/podracer"
 _WORKER_DELIMITER = "PODRACER_WORKER_EOF"
 _WORKER_IO_DELIMITER = "PODRACER_WORKER_IO_EOF"
@@ -30,20 +31,21 @@ _CONFIG_DELIMITER = "PODRACER_CONFIG_EOF"
 
 def worker_config(run_dir: str, code_dir: str, files: dict[str, str], training_flags,
                   uv_version: str, python: str, log_interval_s: float = 10.0,
-                  max_restarts: int = 0, deadline_unix: float | None = None,
+                  max_restarts: int = 0, max_run_time_s: float | None = None,
                   delete_when_done: dict | None = None) -> dict:
     """What `worker.py` reads: the run, the staged code, and the flags to train with.
 
     `max_restarts`: how often the workers start training again, together, from
     the last checkpoint after it failed (a worker rebooted, a peer lost);
-    `deadline_unix`: when training is stopped (saving a checkpoint) whatever
-    its progress; `delete_when_done`: the slice worker 0 deletes once the run
+    `max_run_time_s`: how long after it first started training on this slice
+    training is stopped (saving a checkpoint) whatever its progress, so that
+    time spent queued for capacity does not count; `delete_when_done`: the slice worker 0 deletes once the run
     has ended (`name`, `zone`, `project`, `api_endpoint`), or None.
     """
     return {"run_dir": run_dir, "code_dir": code_dir, "files": dict(files),
             "uv_version": uv_version, "python": python,
             "training_flags": list(training_flags), "log_interval_s": log_interval_s,
-            "max_restarts": max_restarts, "deadline_unix": deadline_unix,
+            "max_restarts": max_restarts, "max_run_time_s": max_run_time_s,
             "delete_when_done": delete_when_done}
 
 

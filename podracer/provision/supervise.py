@@ -48,7 +48,8 @@ class Launch:
     create: tpu_v2.CreateNodeRequest | tpu_v2.CreateQueuedResourceRequest
     max_restarts: int = 0
     keep: bool = False
-    deadline_unix: float | None = None  # --max-run-time, from the first create
+    max_run_time_s: float | None = None  # --max-run-time
+    deadline_unix: float | None = None  # set when the first slice is READY: time queued does not count
     restarts: list[dict] = dataclasses.field(default_factory=list)
 
     @property
@@ -60,7 +61,8 @@ class Launch:
         record = {"run_dir": self.run_dir, "create_kind": kind.__name__,
                   "create": json.loads(kind.to_json(self.create)),
                   "max_restarts": self.max_restarts, "keep": self.keep,
-                  "deadline_unix": self.deadline_unix, "restarts": self.restarts}
+                  "max_run_time_s": self.max_run_time_s, "deadline_unix": self.deadline_unix,
+                  "restarts": self.restarts}
         storage.write_text(storage.join(self.run_dir, LAUNCH_RECORD), json.dumps(record, indent=1))
 
     @classmethod
@@ -73,6 +75,7 @@ class Launch:
         kind = getattr(tpu_v2, record["create_kind"])
         return cls(run_dir=record["run_dir"], create=kind.from_json(json.dumps(record["create"])),
                    max_restarts=record["max_restarts"], keep=record["keep"],
+                   max_run_time_s=record.get("max_run_time_s"),
                    deadline_unix=record["deadline_unix"], restarts=record["restarts"])
 
     def fresh_create(self) -> tuple[object, str]:
@@ -113,6 +116,9 @@ def follow(api: TpuApi, launch: Launch, say: Say, *, create: bool, wait_for_end:
                     might_exist = error.maybe_applied
                     raise
                 node = wait_until_ready(api, spec, operation, say)
+                if launch.deadline_unix is None and launch.max_run_time_s:
+                    launch.deadline_unix = time.time() + launch.max_run_time_s
+                    launch.save()  # `attach` keeps the same deadline
                 for line in describe_node(node) + where_to_look(spec, launch.run_dir):
                     say(line)
                 if not wait_for_end:

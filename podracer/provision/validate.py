@@ -28,6 +28,12 @@ _COMPUTE_URL = r"(https://www\.googleapis\.com/compute/v1/)?projects/[a-z0-9.:-]
 # A network of another project (a Shared VPC) is named by its path.
 _NETWORK_PATH = re.compile(_COMPUTE_URL + r"/global/networks/(?P<name>[^/]*)")
 _SUBNETWORK_PATH = re.compile(_COMPUTE_URL + r"/regions/[a-z0-9-]+/subnetworks/(?P<name>[^/]*)")
+# OAuth scopes under which the workers' service account can write Cloud Storage
+# (https://cloud.google.com/storage/docs/oauth-scopes); any other list leaves the
+# workers unable to write the run's checkpoints, metrics and logs, whatever IAM grants.
+STORAGE_WRITE_SCOPES = (CLOUD_PLATFORM_SCOPE,
+                        "https://www.googleapis.com/auth/devstorage.read_write",
+                        "https://www.googleapis.com/auth/devstorage.full_control")
 
 
 def check(pattern: re.Pattern, value: str, flag: str, example: str) -> None:
@@ -103,6 +109,10 @@ def identity(service_account: str | None, scopes: Iterable[str] | None) -> Ident
         if not SCOPE.fullmatch(scope):
             raise PodracerError(f"--scopes: {scope!r} is not an OAuth scope URL; e.g. "
                                 f"--scopes={CLOUD_PLATFORM_SCOPE}")
+    if scope_list and not set(scope_list) & set(STORAGE_WRITE_SCOPES):
+        raise PodracerError(
+            f"--scopes={','.join(scope_list)} do not let the workers write the run's bucket "
+            f"(checkpoints, metrics, logs); add {STORAGE_WRITE_SCOPES[1]} (or {CLOUD_PLATFORM_SCOPE})")
     if service_account is None and not scope_list:
         return Identity()
     return Identity(service_account=service_account or "",

@@ -20,8 +20,9 @@ On the worker it:
    training fails (a worker rebooted, a peer was lost), every worker starts it
    again together, from the last checkpoint, up to `max_restarts` times (a worker
    that sees another at a later attempt's barrier stops its own training, which
-   waits on a lost peer, and joins it); at
-   `deadline_unix` training is stopped with SIGTERM (it saves a checkpoint);
+   waits on a lost peer, and joins it); `max_run_time_s` after training first
+   started on this worker (a reboot keeps that time) it is stopped with SIGTERM
+   (it saves a checkpoint);
 5. copies its log to `RUN_DIR/logs/worker-I.log` every `log_interval_s` seconds
    and at the end, with the exit status in `RUN_DIR/logs/worker-I.exit`;
 6. reports its phase as the guest attribute `podracer/state`: installing,
@@ -54,9 +55,9 @@ import urllib.parse
 import urllib.request
 
 if __package__:  # imported, as podracer.provision.worker
-    from podracer.provision.worker_io import Storage, metadata, publish_state
+    from podracer.provision.worker_io import WORKER_ATTRIBUTE, Storage, metadata, publish_state
 else:  # run on the VM, where the startup script writes worker_io.py beside this file
-    from worker_io import Storage, metadata, publish_state  # type: ignore
+    from worker_io import WORKER_ATTRIBUTE, Storage, metadata, publish_state  # type: ignore
 
 COORDINATOR_PORT = 8476  # the port jax.distributed uses on TPU slices
 
@@ -105,6 +106,7 @@ class Worker:
         files = {}
         for role, name in self.config["files"].items():
             path = os.path.join(self.code, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # a py: env's package, beside the launcher
             self.storage.download(f"{self.config['code_dir']}/{name}", path)
             files[role] = path
         return files
@@ -201,6 +203,17 @@ class Worker:
                      f"checkpoint with every worker (attempt {attempt} of {restarts})")
             publish_state("restarting")
 
+    def _deadline(self) -> float | None:
+        """--max-run-time from this worker's first training start: time queued is not the run's."""
+        seconds = self.config.get("max_run_time_s")
+        if not seconds:
+            return None
+        path = os.path.join(self.home, "training_started")
+        if _read(path) is None:
+            with open(path, "w") as f:
+                f.write(str(time.time()))
+        return float(_read(path) or time.time()) + float(seconds)
+
     def _peer_started_again(self, attempt: int) -> bool:
         """Whether a worker has reached the barrier of a later attempt: it booted again (a
         reboot) or its training failed, so this worker's training waits on a dead peer."""
@@ -225,7 +238,7 @@ class Worker:
 
         # Passed on to training while it runs; the process's own handlers come back after.
         previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
-        deadline = self.config.get("deadline_unix")
+        deadline = self._deadline()
         timer = None
         if deadline:
             def out_of_time():
@@ -290,6 +303,7 @@ class Worker:
     def main(self) -> int:
         exit_file = os.path.join(self.home, "exit_code")
         finished = _read(exit_file)
+        publish_state(str(self.index), WORKER_ATTRIBUTE)  # before any state: whose states they are
         if finished is not None:  # a reboot after the run ended must not start it over
             publish_state(f"exit={finished}")
             return 0

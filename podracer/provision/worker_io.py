@@ -17,6 +17,9 @@ import urllib.parse
 import urllib.request
 
 GUEST_ATTRIBUTE = "podracer/state"
+# The worker's own number, beside its state: the API lists the workers' guest
+# attributes without saying whose each is, so the launcher reads it from here.
+WORKER_ATTRIBUTE = "podracer/worker"
 HTTP_TIMEOUT_S = 60
 
 
@@ -48,10 +51,10 @@ def metadata(path: str, default: str | None = None, attempts: int = 8) -> str | 
     return default
 
 
-def publish_state(value: str) -> None:
+def publish_state(value: str, attribute: str = GUEST_ATTRIBUTE) -> None:
     """Sets the guest attribute the launcher reads; a metadata hiccup must not stop the run."""
     request = urllib.request.Request(
-        _metadata_root() + "instance/guest-attributes/" + GUEST_ATTRIBUTE, data=value.encode(),
+        _metadata_root() + "instance/guest-attributes/" + attribute, data=value.encode(),
         method="PUT", headers={"Metadata-Flavor": "Google"})
     try:
         urllib.request.urlopen(request, timeout=10).close()

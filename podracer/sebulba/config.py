@@ -26,7 +26,7 @@ class SebulbaConfig:
     rollout_len: int = bounded(128, POSITIVE)
     """Transitions per environment in each trajectory an actor ships to the learner."""
     actor_devices: tuple[int, ...] = ()
-    """Indices into jax.local_devices() that run the actors' policy (default: device 0)."""
+    """Indices into jax.local_devices() that run the actors' policy (default: the first quarter, at least device 0)."""
     learner_devices: tuple[int, ...] = ()
     """Indices into jax.local_devices() that run the update (default: the devices that do not act)."""
     actor_threads: int = bounded(1, POSITIVE)
@@ -61,11 +61,15 @@ def _check_indices(indices: Sequence[int], flag: str, num_devices: int) -> None:
 def split_devices(config: SebulbaConfig, devices: Sequence[jax.Device]) -> DeviceSplit:
     """Actor and learner devices from `config`'s indices into `devices`.
 
-    Defaults: device 0 acts and every other device learns (on a TPU VM one core
-    acts and the rest learn; on 8 forced CPU devices, 1 and 7). With a single
-    device, actors and learner share it, the one case where they overlap: lists
-    given explicitly must not overlap. Giving only one list makes the other
-    default to the remaining devices (to the same device when none remain).
+    Defaults: the first quarter of the devices act (at least one) and the
+    others learn: 1 and 3 of a 4-chip TPU host (v4, v5p, v5e and v6e hosts of
+    several), 2 and 6 of an 8-chip one (v5litepod-8, v6e-8), 1 and 1 of two
+    devices. One actor to three learners is Cleanba's split on a 4-device TPU
+    VM; it keeps the learner counts at 1, 2, 3 or 6 (never 7), which the
+    presets' environment counts split over. With a single device, actors and
+    learner share it, the one case where they overlap: lists given explicitly
+    must not overlap. Giving only one list makes the other default to the
+    remaining devices (to the same device when none remain).
     """
     devices = list(devices)
     n = len(devices)
@@ -79,7 +83,7 @@ def split_devices(config: SebulbaConfig, devices: Sequence[jax.Device]) -> Devic
                                 f"give each device one role")
     if not actor:
         rest = [i for i in range(n) if i not in learner]
-        actor = rest[:1] or learner[:1]
+        actor = rest[:max(1, n // 4) if not learner else 1] or learner[:1]
     if not learner:
         learner = [i for i in range(n) if i not in actor] or list(actor)
     return DeviceSplit(tuple(devices[i] for i in actor), tuple(devices[i] for i in learner))

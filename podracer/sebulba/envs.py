@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from podracer.anakin.env import EnvSpec
+from podracer.envs.spec import EnvSpec
 from podracer.errors import PodracerError
 from podracer.sebulba.gym_envs import VectorPool, feature_keys, flatten_obs, gym_spec, is_gym_id, spec_of_spaces
 
@@ -60,7 +60,7 @@ def _make_spec(env_id: str):
     """envpool's spec of `env_id`, made once per process (the command line's check and the run share it)."""
     import envpool
 
-    from podracer.anakin.suites import is_suite_id
+    from podracer.envs.ids import is_suite_id
 
     known = envpool.list_all_envs()
     if is_suite_id(env_id):
@@ -68,7 +68,7 @@ def _make_spec(env_id: str):
                             f"runs envpool ids and gymnasium:ID or py:MODULE:FUNCTION vector envs)")
     env_id = _base(env_id)
     if env_id not in known:
-        from podracer.anakin.env import gymnax_ids
+        from podracer.envs.ids import gymnax_ids
 
         if env_id in gymnax_ids():
             raise PodracerError(f"{env_id} is a gymnax environment, written in JAX; use "

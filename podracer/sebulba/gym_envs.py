@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from podracer.anakin.env import EnvSpec
+from podracer.envs.spec import EnvSpec
 from podracer.errors import PodracerError
 
 PREFIXES = ("gymnasium:", "py:")

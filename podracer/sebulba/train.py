@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from podracer.acting import ppo_policy
 from podracer.actor_critic import actor_critic
 from podracer.config import make_optimizer
-from podracer.data.record import ppo_policy
-from podracer.anakin.suites.base import check_masked_inputs
+from podracer.envs.spec import check_masked_inputs
 from podracer.networks import carry_width, init_params, is_recurrent, make_network
 from podracer.ppo import init_train_state
 from podracer.protocol import parallel

@@ -29,14 +29,14 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from podracer import es
-from podracer.data.record import es_policy
+from podracer.acting import es_policy
+from podracer.envs.spec import check_masked_inputs
 from podracer.es.config import make_strategy
 from podracer.es.metrics import ES_FIX
 from podracer.networks import make_policy_network
 from podracer.protocol import parallel
 from podracer.sebulba.config import DeviceSplit, split_devices
 from podracer.sebulba.control import Control
-from podracer.anakin.suites.base import check_masked_inputs
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
 from podracer.sebulba.es import (SebulbaESLayout, global_thread, make_es_layout, make_es_learner_step,
                                  make_slot_act, make_slot_params)

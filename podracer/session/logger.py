@@ -114,7 +114,7 @@ def progress_line(env_steps: int, total_steps: int, sps: float, episode_return: 
 # Cloud clients tensorboardX imports, where installed, for event files at s3:// and
 # gs:// paths. podracer writes its events to a local directory (a gs:// run
 # directory gets them by copy, `storage.Staging`), and their imports took 0.2 s
-# of a run's start-up on a 2-core CPU.
+# of a run's start-up on a quiet machine, 1 s on a busy one.
 _TENSORBOARDX_UNUSED = ("boto3", "google.cloud.storage")
 
 
@@ -175,6 +175,7 @@ class RunLogger:
         self._last_printed: float | None = None  # when a progress line was last written
         self._unprinted: str | None = None  # the newest line held back by the rate limit
         self._width = 0  # of the line on screen, to blank what a shorter one leaves
+        self._closed = False
         if enabled:
             self._file = self._open_metrics(resume_steps)
             # TensorBoard event files beside metrics.jsonl: `tensorboard --logdir RUN_DIR`.
@@ -255,11 +256,30 @@ class RunLogger:
         self.staging.sync((METRICS, TENSORBOARD))
         self._last_sync = clock()
 
+    def close(self, failed: bool = False) -> None:
+        """Close `metrics.jsonl`, the TensorBoard writer and the W&B run (marked failed if
+        `failed`); a second call does nothing.
+
+        Every way out of a run closes them: TensorBoard's and W&B's own clean-up at
+        interpreter exit starts threads, which Python 3.12 and later refuse then
+        (a traceback after the run's last line).
+        """
+        if not self.enabled or self._closed:
+            return
+        self._closed = True
+        self._file.close()
+        self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish(exit_code=1 if failed else None)
+
     def _progress(self, metrics: dict[str, Any]) -> None:
         now = clock()
         mean_params = None  # not evolution strategies: no `mean params` part
         if "mean_params_return" in metrics:  # None until the mean parameters are first evaluated
             mean_params = metrics["mean_params_return"] if metrics["mean_params_return"] is not None else math.nan
+        # A run of whole generations (Sebulba ES) ends in the one that passes the total
+        # asked for: its line's total is then what it trained, never "51,001/50,000".
+        self.total_steps = max(self.total_steps, metrics["env_steps"])
         line = progress_line(metrics["env_steps"], self.total_steps, metrics["sps"], self.last_return,
                              now - self.train_start, mean_params)
         final = metrics["env_steps"] >= self.total_steps
@@ -292,11 +312,9 @@ class RunLogger:
         summary = {key: _jsonable(value) for key, value in summary.items()}
         summary.setdefault("wall_s", round(self.elapsed(), 3))
         if self.enabled:
-            self._file.close()
-            self._tensorboard.close()
             if self._wandb is not None:
                 self._wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
-                self._wandb.finish()
+            self.close()
             storage.write_text(self.staging.path(SUMMARY), json.dumps(summary, indent=2))
             self.staging.sync((METRICS, TENSORBOARD, SUMMARY))  # the session publishes the trace
             if self._owns_staging:

@@ -22,17 +22,14 @@ through `self.staging` (`podracer.session.storage`).
 from __future__ import annotations
 
 import contextlib
-import importlib
+import functools
 import signal
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 
 from podracer.config import LogConfig, used_configs
-from podracer.data.config import DataConfig
 from podracer.errors import Interrupted, PodracerError
 from podracer.protocol import parallel
 from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFlag, config_record,
@@ -40,7 +37,7 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
-from podracer.session import program_cache, startup, storage
+from podracer.session import heartbeat, startup, storage
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
@@ -61,34 +58,72 @@ def placed_for(program: Any, state: Any) -> Any:
     return jax.tree.map(place, state, shardings)
 
 
-def _import_quietly(module: str) -> None:
-    """Import `module` ahead of its use; a failure is left to that use to report."""
+class DatasetHooks(NamedTuple):
+    """What a run does with datasets, handed to the session from above.
+
+    The orchestrator hands `podracer.data.train_hooks.HOOKS` to the runs it
+    starts (`handing`), so that the session needs nothing of `podracer.data`.
+    Each is called with the run's `data` section (`podracer.data.DataConfig`).
+    """
+
+    check: Callable[[Any, bool], None]  # (data, writes): before anything is built
+    warm_start: Callable[..., tuple[Any, dict]]  # (train, data, spec, env_id, network, ppo_config, seed)
+    record: Callable[..., dict]  # (data, arch, env_id, policy, seed) -> the summary's keys
+
+
+_handed: DatasetHooks | None = None
+
+
+@contextlib.contextmanager
+def handing(hooks: DatasetHooks) -> Iterator[None]:
+    """The runs opened inside the block use `hooks` for `--init-from-dataset` and `--record-dataset`."""
+    global _handed
+    previous, _handed = _handed, hooks
     try:
-        importlib.import_module(module)
-    except Exception:  # noqa: BLE001  (the main thread's own import raises it, in one line)
-        pass
+        yield
+    finally:
+        _handed = previous
+
+
+def _dataset_hooks(data: Any) -> DatasetHooks | None:
+    """The hooks handed in; a run asking for a dataset without them is refused in one line."""
+    if _handed is None and data is not None and (data.record_dataset or data.init_from_dataset):
+        raise PodracerError("--record-dataset and --init-from-dataset need a run started by "
+                            "podracer.train or the command line, which hand the session its dataset hooks")
+    return _handed
+
+
+def _closing_loggers_on_failure(method: Callable) -> Callable:
+    """`method`, which closes the session's loggers when it fails (`RunSession._close_loggers`)."""
+    @functools.wraps(method)
+    def wrapped(self: "RunSession", *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._close_loggers()
+            raise
+
+    return wrapped
 
 
 class RunSession:
     """The host side of one run: run directory, checkpoints, logging, profile, signals, summary."""
 
     def __init__(self, configs: dict[str, Any]):
-        from podracer.data.train_hooks import check_data_config
-
         # Sections a caller from Python may leave out get their defaults.
-        configs = {"checkpoint": CheckpointConfig(), "logging": LogConfig(), "data": DataConfig(),
-                   **configs}
+        configs = {"checkpoint": CheckpointConfig(), "logging": LogConfig(), **configs}
         self.configs = configs
         self.run = configs["run"]
-        self.data: DataConfig = configs["data"]
-        self.wall_start = time.perf_counter()
+        self.data = configs.get("data")  # `podracer.data.DataConfig`; None: no dataset
+        self.datasets = _dataset_hooks(self.data)
         self.startup = startup.take()  # since the process (or the `podracer.train` call) started
         self.main_process = parallel.is_main_process()
         # Everything that needs no compilation is checked before anything is built. A
         # checkpoint made with another config is refused by `open` (the command line
         # refuses it before anything is built: `podracer.orchestrate.cli`).
         storage.check(self.run.run_dir)
-        check_data_config(self.data, writes=self.main_process)
+        if self.datasets is not None and self.data is not None:
+            self.datasets.check(self.data, self.main_process)
         # The checkpoint to resume from, as process 0 sees it: every process restores that one.
         self.resume_steps = agreed_checkpoint_steps(self.run.run_dir)
         self.resuming = self.resume_steps is not None
@@ -98,7 +133,6 @@ class RunSession:
             configs["logging"], self.staging.local if configs["logging"].profile else self.run.run_dir)
         self.timings: Timings = self.profiler or Timings()
         self.checkpointer: Checkpointer | None = None  # made when first needed (`_checkpointer`)
-        self._importing_orbax: threading.Thread | None = None
         self.logger: RunLogger | None = None
         self.resumed_from: int | None = None  # env steps of the checkpoint resumed from
         self.last_saved: int | None = None  # env steps of the last checkpoint written or found
@@ -128,44 +162,17 @@ class RunSession:
         self.resumed_from = self.last_saved = int(meta["env_steps"])
         return state, meta
 
-    def compiled(self, name: str, jitted: Any, args: tuple) -> Any:
-        """`jitted` compiled for `args`: read back whole if a command-line run kept it
-        (`podracer.session.program_cache`), else traced, lowered and compiled through JAX's cache."""
-        program, read_back = program_cache.compiled(name, jitted, args, self.configs, startup.cache_dir())
-        if read_back:
-            self.startup.read_back()
-        return program
-
     def compiled_init_and_step(self, init: Any, init_args: tuple, step: Any | None) -> tuple[Any, Any]:
-        """A run's `init` compiled for `init_args`, and its `step` for the state `init` returns.
-
-        They compile side by side: `init`'s XLA compilation runs in a thread
-        while this one traces and lowers `step` (on a 2-core CPU, 0.5-0.9 s of a
-        first run's start-up), each read back whole where a command-line run
-        kept it (`compiled`). `step` (None: none) is compiled for the shapes and
-        dtypes of `init`'s result; give it a state placed by `placed_for`.
-        """
-        path = program_cache.path_for("init", init_args, self.configs, startup.cache_dir())
-        init_program = program_cache.load(path) if path else None
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            if init_program is not None:
-                self.startup.read_back()
-                shapes, compiling = init_program.out_info, None
-            else:
-                lowered = init.trace(*init_args).lower()
-                shapes, compiling = lowered.out_info, pool.submit(program_cache.compile_and_keep, lowered, path)
-            state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
-                                 shapes)
-            step_program = None if step is None else self.compiled("step", step, (state,))
-            if compiling is not None:
-                init_program = compiling.result()
-        return init_program, step_program
+        """A run's `init` compiled for `init_args`, and its `step` (None: none) for the shapes
+        and dtypes of the state `init` returns; give `step` a state placed by `placed_for`."""
+        lowered = init.trace(*init_args).lower()
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
+                             lowered.out_info)
+        return lowered.compile(), None if step is None else step.lower(state).compile()
 
     def _checkpointer(self) -> Checkpointer:
         """The run's checkpointer, made when first needed: by a new run at its first save."""
         if self.checkpointer is None:
-            if self._importing_orbax is not None:
-                self._importing_orbax.join()
             self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
         return self.checkpointer
 
@@ -174,17 +181,17 @@ class RunSession:
 
         A resumed run continues from its checkpoint, never from the dataset.
         """
-        if self.resuming or not self.data.init_from_dataset:
+        if self.resuming or self.data is None or not self.data.init_from_dataset:
             return train
-        from podracer.data.train_hooks import warm_start_state
-
-        train, self.cloned = warm_start_state(train, self.data, spec, self.run.env, network, ppo_config,
-                                              self.run.seed)
+        train, self.cloned = self.datasets.warm_start(train, self.data, spec, self.run.env, network,
+                                                      ppo_config, self.run.seed)
         return train
 
+    @_closing_loggers_on_failure
     def start(self, total_steps: int, compile_s: float) -> RunLogger:
         """Training begins: metrics, TensorBoard and W&B open, the profile window starts."""
         self.compile_s = compile_s
+        heartbeat.end()  # the command line's "compiling ..." line ends before "compiled in"
         self.logger = RunLogger(self.run.run_dir, total_steps, enabled=self.main_process,
                                 resume_steps=self.resumed_from or 0, staging=self.staging,
                                 wandb_run=start_wandb(self.configs) if self.main_process else None)
@@ -193,12 +200,6 @@ class RunSession:
             self.profiler.start()
         self.startup.training_starts()  # the first step is dispatched next
         self._train_start = time.perf_counter()
-        if self.checkpointer is None:
-            # Orbax's import (0.15 s on a 2-core CPU) runs beside the first calls, which
-            # leave the host waiting, instead of before them; the first save joins it.
-            self._importing_orbax = threading.Thread(target=_import_quietly, args=("orbax.checkpoint",),
-                                                     name="podracer-import-orbax", daemon=True)
-            self._importing_orbax.start()
         return self.logger
 
     def elapsed(self) -> float:
@@ -240,12 +241,21 @@ class RunSession:
             if self.logger is not None:  # a failed run's rows so far still reach a gs:// run directory
                 with contextlib.suppress(Exception):
                     self.logger.sync()
+            self._close_loggers()
             self.staging.close()
             raise
         finally:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
                 self.checkpointer.close()
+
+    def _close_loggers(self) -> None:
+        """Close the failed run's metrics file, TensorBoard writer and W&B run now: left
+        to the interpreter's exit, their clean-up ends the run with a traceback on
+        Python 3.12 and later, which refuse new threads then."""
+        if self.logger is not None:
+            with contextlib.suppress(Exception):  # the failure that got here is the one to report
+                self.logger.close(failed=True)
 
     def _publish_trace(self, report: dict[str, Any]) -> dict[str, Any]:
         """Copy the trace to a gs:// run directory; the report then names it there."""
@@ -283,6 +293,7 @@ class RunSession:
 
     # -- after training
 
+    @_closing_loggers_on_failure
     def finish(self, *, env_steps: int, new_steps: int, episode_return_mean: float | None,
                fingerprint_of: Any, devices: dict[str, int], extra: dict[str, Any],
                stopped: bool, policy: Callable[[], Any] | None = None,
@@ -293,7 +304,7 @@ class RunSession:
         operation (keys and a printed table) for pairs whose threads measure it.
         `devices` counts over every process; `fingerprint_of` is the parameter
         tree every process must hold alike; `policy()` gives the trained policy
-        (`podracer.data.Policy`), which `--record-dataset` records on process 0
+        (`podracer.acting.Policy`), which `--record-dataset` records on process 0
         when training was not stopped early.
         Raises `Interrupted` (after writing the summary) when a signal stopped
         the run.
@@ -301,10 +312,9 @@ class RunSession:
         import jax
 
         recorded = {}
-        if self.data.record_dataset and policy is not None and not stopped and self.main_process:
-            from podracer.data.train_hooks import record_policy
-
-            recorded = record_policy(self.data, self.run.arch, self.run.env, policy(), self.run.seed)
+        if (self.data is not None and self.data.record_dataset and policy is not None and not stopped
+                and self.main_process):
+            recorded = self.datasets.record(self.data, self.run.arch, self.run.env, policy(), self.run.seed)
         totals = self.timings.totals()
         summary = self.logger.summary({
             "arch": self.run.arch, "algo": self.run.algo, "env": self.run.env,
@@ -328,7 +338,9 @@ class RunSession:
             # Sebulba's thread-seconds per operation; Anakin's host waits on the device
             # inside them, so there only a profile (`--profile`) breaks its time down.
             **(as_metrics(totals) if breakdown else {}),
-            "wall_s": time.perf_counter() - self.wall_start,
+            # From the same start as `time_to_first_step_s` (the process's, or the
+            # `podracer.train` call's), so that start-up is part of the wall time.
+            "wall_s": time.time() - self.startup.started,
             **({"profile": self.profile} if self.profile else {}),
             "config": config_record(used_configs(self.configs)),
         })

@@ -10,9 +10,6 @@ Two summary keys come from here, the same for every (architecture, algorithm) pa
   as this run found it: `dir` (null when off), `hits` and `misses`, the programs
   compiled during start-up that were and were not read from it, and `hit`, true
   when every one was. JAX reports both through `jax.monitoring` events.
-  `read_back` counts the programs a command-line run read back whole from
-  podracer's program cache (`podracer.session.program_cache`), neither traced
-  nor compiled; `hit` counts them as answered.
 
 The command line chooses the cache directory (`podracer.orchestrate.compile_cache`);
 the session only reports what JAX was set to.
@@ -33,7 +30,6 @@ HITS = "/jax/compilation_cache/cache_hits"  # ... and was answered from it
 _IMPORTED = time.time()  # the fallback start of a process whose /proc cannot be read
 _lock = threading.Lock()
 _counts = {REQUESTS: 0, HITS: 0}
-_this_thread = threading.local()  # `answered`: JAX's cache answered this thread's compilation
 _listening = False
 _pending: StartUp | None = None  # begun by the caller, taken by the run's session
 
@@ -60,8 +56,6 @@ def _on_event(event: str, **_: Any) -> None:
     if event in _counts:
         with _lock:
             _counts[event] += 1
-    if event == HITS:  # JAX reports it in the thread that compiles
-        _this_thread.answered = True
 
 
 def _listen() -> None:
@@ -70,14 +64,6 @@ def _listen() -> None:
         if not _listening:
             jax.monitoring.register_event_listener(_on_event)
             _listening = True
-
-
-def compile_noting_the_cache(lowered) -> tuple[Any, bool]:
-    """`lowered` compiled, and whether JAX's persistent cache answered it (rather than XLA)."""
-    _listen()
-    _this_thread.answered = False
-    compiled = lowered.compile()
-    return compiled, _this_thread.answered
 
 
 def cache_dir() -> str | None:
@@ -96,11 +82,6 @@ class StartUp:
         self._before = dict(_counts)
         self._after: dict[str, int] | None = None
         self.time_to_first_step_s: float | None = None
-        self.programs_read_back = 0  # whole, from podracer's program cache: not traced, not compiled
-
-    def read_back(self) -> None:
-        """A program came whole from the program cache (`podracer.session.program_cache`)."""
-        self.programs_read_back += 1
 
     def training_starts(self) -> None:
         """Start-up is over; compilations from now on (during training) are not counted."""
@@ -111,17 +92,15 @@ class StartUp:
     def summary(self) -> dict[str, Any]:
         """The summary's `time_to_first_step_s` and `compile_cache`.
 
-        `compile_cache`: `dir`, `hits` and `misses` (JAX's cache), `read_back`
-        (programs the program cache gave whole) and `hit`, true when nothing
-        was compiled: every program came from one cache or the other.
+        `compile_cache`: `dir`, `hits` and `misses` (JAX's cache) and `hit`,
+        true when some program was asked of it and none was compiled.
         """
         after = self._after if self._after is not None else dict(_counts)
         requests = after[REQUESTS] - self._before[REQUESTS]
         hits = after[HITS] - self._before[HITS]
-        read_back = self.programs_read_back
         return {"time_to_first_step_s": self.time_to_first_step_s,
-                "compile_cache": {"dir": cache_dir(), "hit": requests + read_back > 0 and hits == requests,
-                                  "hits": hits, "misses": requests - hits, "read_back": read_back}}
+                "compile_cache": {"dir": cache_dir(), "hit": requests > 0 and hits == requests,
+                                  "hits": hits, "misses": requests - hits}}
 
 
 def begin(started: float) -> None:

@@ -12,31 +12,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
-from typing import NamedTuple
 
+from podracer.envs.ids import SUITES
 from podracer.errors import PodracerError
-
-
-class Suite(NamedTuple):
-    module: str  # the adapter, in this package
-    library: str  # what it imports
-    extra: str  # the pyproject extra that installs it
-    example: str  # an --env value
-
-
-SUITES: dict[str, Suite] = {
-    "brax": Suite("brax_env", "brax", "brax", "brax:inverted_pendulum"),
-    "jumanji": Suite("jumanji_env", "jumanji", "jumanji", "jumanji:Snake-v1"),
-    "craftax": Suite("craftax_env", "craftax", "craftax", "craftax:Craftax-Classic-Symbolic-v1"),
-    "navix": Suite("navix_env", "navix", "navix", "navix:Navix-Empty-5x5-v0"),
-}
-
-HELP = ("gymnax ids as they are (CartPole-v1); JAX suites as SUITE:ID: "
-        + ", ".join(suite.example for suite in SUITES.values()))
-
-
-def is_suite_id(env_id: str) -> bool:
-    return env_id.partition(":")[0] in SUITES
 
 
 def make_suite_env(env_id: str):

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from podracer.anakin.env import EnvSpec, EnvState, StepDraws, TimeStep, _strongly_typed
-from podracer.errors import PodracerError
+from podracer.anakin.env import EnvState, StepDraws, TimeStep, _strongly_typed
+from podracer.envs.spec import EnvSpec
 
 
 def flatten_obs(raw, mask_key: str | None = None) -> tuple[jax.Array, jax.Array | None]:
@@ -205,10 +205,3 @@ def box_spec(obs: jax.Array, low, high) -> EnvSpec:
     """The spec of a continuous-action environment with actions in [low, high]."""
     low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
     return EnvSpec(tuple(obs.shape), jnp.float32, int(low.size), False, low.reshape(-1), high.reshape(-1))
-
-
-def check_masked_inputs(spec: EnvSpec, normalize_observations: bool) -> None:
-    """Refuse observation normalisation where the observation carries an action mask."""
-    if spec.action_mask and normalize_observations:
-        raise PodracerError("this environment's observations end with its legal-action mask, which "
-                            "normalisation would distort; train it without observation normalisation (PPO's default, ES other than ARS)")

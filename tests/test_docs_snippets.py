@@ -1,3 +1,5 @@
+"""The docs' Python snippets run as written, and the own loop learns."""
+
 import contextlib
 import io
 import re
@@ -9,15 +11,18 @@ from conftest import REPO_ROOT
 from podracer.evaluate import gymnax_returns
 
 
+PAGE = "docs/architecture.md"  # the agent contract's own-loop snippet
+
+
 def _snippet(name: str) -> str:
-    text = open(f"{REPO_ROOT}/README.md").read()
+    text = open(f"{REPO_ROOT}/{PAGE}").read()
     match = re.search(rf"<!-- snippet: {name} -->\s*```python\n(.*?)```", text, re.S)
-    assert match, f"README has no snippet {name!r}"
+    assert match, f"{PAGE} has no snippet {name!r}"
     return match.group(1)
 
 
 def _run_own_loop(iterations: int, learning_rate: str) -> dict:
-    """The README's own-loop snippet with its loop count and Adam's learning rate replaced."""
+    """The own-loop snippet with its loop count and Adam's learning rate replaced."""
     source = _snippet("own-loop")
     for written in ("range(3)", "optax.adam(1e-3)"):
         assert source.count(written) == 1, f"the own-loop snippet no longer has {written!r}; update this test"
@@ -25,7 +30,7 @@ def _run_own_loop(iterations: int, learning_rate: str) -> dict:
         "optax.adam(1e-3)", f"optax.adam({learning_rate})")
     namespace: dict = {}
     with contextlib.redirect_stdout(io.StringIO()):
-        exec(compile(source, "README.md", "exec"), namespace)
+        exec(compile(source, PAGE, "exec"), namespace)
     return namespace
 
 
@@ -41,7 +46,7 @@ def _policy_return(namespace: dict) -> float:
 
 def test_own_loop_snippet_runs_and_updates(capsys):
     namespace: dict = {}
-    exec(compile(_snippet("own-loop"), "README.md", "exec"), namespace)
+    exec(compile(_snippet("own-loop"), PAGE, "exec"), namespace)
     state = namespace["state"]
     assert int(state.step) == 3
     moved = [np.abs(np.asarray(a) - np.asarray(b)).max()
