@@ -1,8 +1,9 @@
 """The actor-critic algorithms every architecture runs with one driver: the update is a parameter.
 
 PPO and IMPALA share the network, the acting function, the trajectory and the
-update's signature (`make_update(apply_fn, optimizer, config, axis_names)`);
-Anakin and Sebulba take one of these records and never name the algorithm.
+update's signature (`make_update(apply_fn, optimizer, config, axis_names)`).
+Anakin runs either through the agent contract (`make_agent`, `podracer.agent`);
+Sebulba through `make_update`. Neither names the algorithm.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from podracer.ppo.config import PPO_FIX
 class ActorCritic(NamedTuple):
     name: str  # --algo, its config section and the name its recorded datasets carry
     make_update: Callable  # make_update(apply_fn, optimizer, config, axis_names) -> update
+    make_agent: Callable  # make_agent(network, optimizer, config, spec, rollout_len, axis_names) -> Agent
     fix: str  # what the NaN guard suggests
 
 
 ACTOR_CRITIC: dict[str, ActorCritic] = {
-    "ppo": ActorCritic("ppo", ppo.make_update, PPO_FIX),
-    "impala": ActorCritic("impala", vtrace.make_update, vtrace.IMPALA_FIX),
+    "ppo": ActorCritic("ppo", ppo.make_update, ppo.make_agent, PPO_FIX),
+    "impala": ActorCritic("impala", vtrace.make_update, vtrace.make_agent, vtrace.IMPALA_FIX),
 }
 
 

@@ -1,8 +1,11 @@
-"""Anakin: acting and learning in one jitted program, sharded over every device.
+"""Anakin: acting and learning in one jitted program, sharded over every device, for any agent.
 
-Each device steps its slice of the environment batch, the PPO update averages
-gradients over the mesh's data axis with `lax.pmean`, and `updates_per_call`
-updates run inside one `lax.scan` so the host only wakes up to log.
+Each device steps its slice of the environment batch with the agent's `act`
+(`podracer.agent.Agent`), its `learn` averages over the mesh's data axis, and
+`updates_per_call` updates run inside one `lax.scan` so the host only wakes up
+to log. One builder (`make_programs`) makes every program a run needs: one
+agent's, a population's (the same program vmapped over an agent axis) and, for
+`--profile`, acting and learning compiled apart.
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
+from podracer.agent import Agent, Trajectory
 from podracer.protocol import parallel
 from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
-from podracer.distributions import sampling_noise
 from podracer.errors import PodracerError
-from podracer.networks import init_params, initial_carry, is_recurrent, reset_carry
-from podracer.ppo import PPOConfig, Transition, init_train_state, make_act, policy_inputs
+from podracer.networks import is_recurrent, reset_carry
+from podracer.ppo import PPOConfig, Transition
+from podracer.ppo import make_agent as ppo_make_agent
 from podracer.ppo import make_update as ppo_make_update
-from podracer.types import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +46,14 @@ class AnakinConfig:
 
 
 class RunnerState(NamedTuple):
-    train: TrainState  # replicated
+    """One agent's run between calls; a population's has a leading agent axis [A, ...] on every leaf."""
+
+    train: Any  # the agent's state (`Agent.init`), replicated
     env_state: EnvState  # [num_envs, ...], sharded
     obs: jax.Array  # [num_envs, ...], sharded: the observation to act on next
     key: jax.Array  # replicated
     carry: Any = ()  # a recurrent network's state before acting on `obs` ([num_envs, ...] leaves, sharded)
+    hparams: Any = ()  # a population's swept settings (name -> [A] float32); () for one agent
 
 
 class AnakinLayout(NamedTuple):
@@ -64,7 +70,7 @@ def make_layout(config: AnakinConfig, ppo_config: PPOConfig, num_devices: int,
 
     `recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
     population's agents are split over the devices, each agent's environments all on
-    its own device (`podracer.anakin.population`). The TPU preflight calls it
+    its own device (`loop.make_programs`). The TPU preflight calls it
     with a slice's device count before the slice exists.
     """
     envs_per_device = config.num_envs if agents_sharded else parallel.split_evenly(
@@ -117,107 +123,41 @@ def _env_keys(key: jax.Array, num_local: int, axis_names) -> jax.Array:
 class Experience(NamedTuple):
     """What acting hands to learning: one rollout and the keys and counts that go with it."""
 
-    batch: Transition  # [T, B, ...], sharded along B
-    bootstrap_value: jax.Array  # [B], sharded
+    batch: Any  # the agent's `prepare`d batch (an actor-critic's `Transition` [T, B, ...]), sharded along B
+    bootstrap_value: Any  # `prepare`'s per-environment data after the last row ([B]), sharded
     update_key: jax.Array  # replicated
     episodes: dict  # episodes that ended during the rollout: count, return and length sums (psum'ed)
     carry: Any = ()  # a recurrent network's state before each environment's first row, sharded
 
 
-def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation,
-                ppo_config: PPOConfig, config: AnakinConfig, mesh: Mesh,
-                make_update: Callable = ppo_make_update, agents_sharded: bool = False):
-    """Per-device `init(key)`, `act(runner) -> (runner, experience)` and `learn(train, experience)`.
+class Steps(NamedTuple):
+    """One agent's per-device functions, to run inside `shard_map`: one update is `act` then `learn`."""
 
-    `make_update` builds the learner's update from `ppo_config` (PPO's, or any
-    with its signature: `podracer.vtrace.make_update` with an `ImpalaConfig`).
-    With `agents_sharded` (a population split over the devices) each device
-    holds whole agents: every environment of an agent, and no collectives.
+    init: Callable  # key -> RunnerState
+    act: Callable  # RunnerState -> (RunnerState, Experience)
+    learn: Callable  # (agent state, Experience) -> (agent state, metrics)
 
-    One update is `act` then `learn`; Anakin fuses them into one program,
-    profile mode compiles them apart. Returns them with the mesh axes they use.
-    """
-    recurrent = is_recurrent(network)
-    if recurrent and make_update is not ppo_make_update:
-        raise PodracerError("--network=lstm/gru trains with --algo=ppo only; use --network=mlp for this algorithm")
-    layout = make_layout(config, ppo_config, mesh.devices.size, recurrent, agents_sharded)
-    # On one device there is nothing to average: no collectives at all (XLA keeps
-    # even single-participant all-reduces, and each costs a rendezvous).
-    axes = (parallel.DATA_AXIS,) if layout.num_devices > 1 and not agents_sharded else ()
-    apply_fn = network.apply
-    update = make_update(apply_fn, optimizer, ppo_config, axis_names=axes)
-    act_fn = make_act(apply_fn, ppo_config, presampled=True, recurrent=recurrent)
-    local_envs = layout.envs_per_device
 
-    def _rollout_draws(key):
+def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...]) -> Steps:
+    """`agent`'s `Steps` on `num_envs` environments of `env` per device, split over the mesh `axes`."""
+    rollout_len = agent.experience.length
+
+    def rollout_draws(key):
         # The randomness of every (step, environment) of a rollout, drawn at once as
         # one vectorised computation outside the sequential loop, from one key per
-        # (step, env) pair: [T, B, ...] action noise and environment draws.
-        step_keys = jax.random.split(key, config.rollout_len)
-        env_keys = jax.vmap(lambda k: _env_keys(k, local_envs, axes))(step_keys)
+        # (step, env) pair: [T, B, ...] acting randomness and environment draws.
+        step_keys = jax.random.split(key, rollout_len)
+        env_keys = jax.vmap(lambda k: _env_keys(k, num_envs, axes))(step_keys)
         action_keys, env_step_keys = jnp.moveaxis(jax.vmap(jax.vmap(jax.random.split))(env_keys), 2, 0)
-        noise = jax.vmap(jax.vmap(lambda k: sampling_noise(k, env.spec.discrete, env.spec.action_dim)))
-        return noise(action_keys), jax.vmap(jax.vmap(env.draw))(env_step_keys)
+        return jax.vmap(jax.vmap(agent.draw))(action_keys), jax.vmap(jax.vmap(env.draw))(env_step_keys)
 
     def init(key):
-        param_key, env_key, run_key = jax.random.split(key, 3)
-        params = init_params(network, env.spec.obs_shape, env.spec.obs_dtype, param_key)
-        train = init_train_state(params, optimizer, env.spec.obs_shape)
-        env_state, timestep = jax.vmap(env.reset)(_env_keys(env_key, local_envs, axes))
-        return RunnerState(train, env_state, timestep.obs, run_key, initial_carry(network, local_envs))
+        agent_key, env_key, run_key = jax.random.split(key, 3)
+        env_state, timestep = jax.vmap(env.reset)(_env_keys(env_key, num_envs, axes))
+        return RunnerState(agent.init(agent_key), env_state, timestep.obs, run_key,
+                           agent.initial_carry(num_envs))
 
-    def env_step(params, obs_stats, carry, draws):
-        env_state, obs = carry
-        action_noise, env_draws = draws
-        # The value is left out (XLA drops the critic from the loop): it is computed
-        # for the whole rollout at once afterwards.
-        action, log_prob, _ = act_fn(params, obs_stats, obs, action_noise)
-        env_state, ts = env.step_batch(env_draws, env_state, action)
-        return (env_state, ts.obs), (obs, action, log_prob, ts)
-
-    def recurrent_env_step(params, obs_stats, carry, draws):
-        env_state, obs, core = carry
-        action_noise, env_draws = draws
-        no_reset = jnp.zeros(obs.shape[:1], bool)  # `core` was reset where the last step ended
-        action, log_prob, value, core = act_fn(params, obs_stats, obs, action_noise, core, no_reset)
-        env_state, ts = env.step_batch(env_draws, env_state, action)
-        done = jnp.logical_or(ts.terminated, ts.truncated)
-        # The state that saw the final observation (its value bootstraps a truncation), then a fresh one.
-        return (env_state, ts.obs, reset_carry(core, done)), (obs, action, log_prob, value, ts, core)
-
-    def act_recurrent(runner: RunnerState) -> tuple[RunnerState, Experience]:
-        # The carry goes through the loop beside the packed environments; values come
-        # out of the loop (the core has to run there anyway), and the values of final
-        # observations, with the state that saw them, in one batched step after it.
-        key, rollout_key, update_key = jax.random.split(runner.key, 3)
-        train = runner.train
-        packed, unpack = _pack_rows((runner.env_state, runner.obs))
-
-        def step(carry, draws):
-            packed, core = carry
-            (env_state, obs, core), out = recurrent_env_step(train.params, train.obs_stats,
-                                                             (*unpack(packed), core), draws)
-            return (_pack_rows((env_state, obs))[0], core), out
-
-        (packed, core), (obs_t, action, log_prob, value, ts, core_t) = jax.lax.scan(
-            step, (packed, runner.carry), _rollout_draws(rollout_key))
-        env_state, obs = unpack(packed)
-        num_steps = config.rollout_len
-
-        def value_of(o, c):  # one step from state c on observations o: [N, ...]
-            (_, v), _ = apply_fn(train.params, policy_inputs(o, train.obs_stats, ppo_config)[None], c,
-                                 jnp.zeros((1, o.shape[0]), bool))
-            return v[0]
-
-        flat = lambda x: x.reshape((num_steps * local_envs,) + x.shape[2:])
-        final_value = value_of(flat(ts.final_obs), jax.tree.map(flat, core_t)).reshape(num_steps, local_envs)
-        bootstrap_value = value_of(obs, core)
-        batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
-                           final_value)
-        return (RunnerState(train, env_state, obs, key, core),
-                Experience(batch, bootstrap_value, update_key, _episodes(ts), runner.carry))
-
-    def _episodes(ts: TimeStep) -> dict:
+    def episodes(ts: TimeStep) -> dict:
         done = jnp.logical_or(ts.terminated, ts.truncated)
         return parallel.psum({
             "episodes": done.sum(),
@@ -227,43 +167,144 @@ def _make_steps(env: GymnaxEnv, network, optimizer: optax.GradientTransformation
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
-        train = runner.train
+        state = runner.train
         packed, unpack = _pack_rows((runner.env_state, runner.obs))
 
-        def step(packed, draws):
-            carry, out = env_step(train.params, train.obs_stats, unpack(packed), draws)
-            return _pack_rows(carry)[0], out
+        def step(carried, draws):
+            packed, carry = carried
+            env_state, obs = unpack(packed)
+            randomness, env_draws = draws
+            action, carry, extras = agent.act(state, obs, randomness, carry)
+            env_state, ts = env.step_batch(env_draws, env_state, action)
+            # The carry that saw the final observation (its value bootstraps a truncation), then a fresh one.
+            done = jnp.logical_or(ts.terminated, ts.truncated)
+            next_carry = reset_carry(carry, done)
+            return (_pack_rows((env_state, ts.obs))[0], next_carry), (obs, action, extras, ts, carry)
 
-        packed, (obs_t, action, log_prob, ts) = jax.lax.scan(step, packed, _rollout_draws(rollout_key))
+        (packed, carry), (obs_t, action, extras, ts, carry_t) = jax.lax.scan(
+            step, (packed, runner.carry), rollout_draws(rollout_key))
         env_state, obs = unpack(packed)
         ts: TimeStep
-        # The behaviour parameters' values of every observation acted on, of those
-        # that ended truncated episodes and of the next one, each in one batched call:
-        # one [T * B] matrix product costs less than T small ones inside the loop.
-        value_of = lambda o: apply_fn(train.params, policy_inputs(o, train.obs_stats, ppo_config))[1]
-        value, final_value, bootstrap_value = value_of(obs_t), value_of(ts.final_obs), value_of(obs)
-        batch = Transition(obs_t, action, ts.reward, ts.terminated, ts.truncated, value, log_prob,
-                           final_value)
-        return (RunnerState(train, env_state, obs, key),
-                Experience(batch, bootstrap_value, update_key, _episodes(ts)))
+        trajectory = Trajectory(obs_t, action, ts.reward, ts.terminated, ts.truncated, ts.final_obs, extras,
+                                carry_t, obs, carry)
+        batch, bootstrap = agent.prepare(state, trajectory)
+        return (runner._replace(env_state=env_state, obs=obs, key=key, carry=carry),
+                Experience(batch, bootstrap, update_key, episodes(ts), runner.carry))
 
-    def learn(train: TrainState, experience: Experience):
-        carry = (experience.carry,) if recurrent else ()
-        train, metrics = update(train, experience.batch, experience.bootstrap_value,
-                                experience.update_key, *carry)
+    def learn(state, experience: Experience):
+        state, metrics = agent.learn(state, experience.batch, experience.bootstrap_value,
+                                     experience.update_key, experience.carry)
         # For the NaN guard: checked on the host before anything is saved.
         metrics["params_finite"] = jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(train.params)]))
+            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]))
         metrics.update(experience.episodes)
-        return train, metrics
+        return state, metrics
 
-    return init, act_recurrent if recurrent else act, learn, axes
+    return Steps(init, act, learn)
 
+
+AgentFor = Callable[[dict, tuple], Agent]  # (swept settings, axis names) -> the agent with those settings
 
 _RUNNER_SPECS = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS),
-                            key=P(), carry=P(parallel.DATA_AXIS))
+                            key=P(), carry=P(parallel.DATA_AXIS), hparams=P())
 _EXPERIENCE_SPECS = Experience(batch=parallel.TIME_MAJOR_SPEC, bootstrap_value=P(parallel.DATA_AXIS),
                                update_key=P(), episodes=P(), carry=P(parallel.DATA_AXIS))
+
+
+def _with_agent_axis(specs, sharded: bool):
+    """One agent's specs for values with a leading agent axis: split over the devices, or on every one."""
+    lift = lambda spec: P(parallel.DATA_AXIS) if sharded else P(None, *spec)
+    return jax.tree.map(lift, specs, is_leaf=lambda x: isinstance(x, P))
+
+
+class Programs(NamedTuple):
+    """A run's jitted, sharded programs; `act` and `learn` together compute one update of `train`."""
+
+    init: Callable  # key -> runner (a population's: (keys [A], hparams) -> runner)
+    train: Callable  # runner -> (runner, metrics [U, ...] (a population's [U, A, ...])); donates its input
+    act: Callable  # runner -> (runner, experience): for `--profile`
+    learn: Callable  # (agent state, experience) -> (agent state, metrics): for `--profile`
+
+
+def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mesh: Mesh,
+                  population: bool = False, sharded: bool = False) -> Programs:
+    """The one builder of Anakin's programs, for any agent: `agent_for(hparams, axis_names) -> Agent`.
+
+    One agent: `init(key)`, and `train` runs `config.updates_per_call` updates
+    (the agent's `act` then `learn`) in one `lax.scan`. A `population` is that
+    program vmapped over a leading agent axis, each agent built with its swept
+    settings (`runner.hparams`, traced); `sharded` splits the agents over the
+    devices (each device steps all environments of its agents, and no
+    collective runs), otherwise every device holds every agent and the
+    environments are split as for one agent. `act` and `learn` are the same
+    steps compiled apart, for profile mode (`podracer.anakin.profiled`).
+    """
+    num_devices = mesh.devices.size
+    num_envs = config.num_envs if sharded else parallel.split_evenly(
+        config.num_envs, num_devices, "environments", "--num-envs")
+    # On one device there is nothing to average: no collectives at all (XLA keeps
+    # even single-participant all-reduces, and each costs a rendezvous).
+    axes = (parallel.DATA_AXIS,) if num_devices > 1 and not sharded else ()
+    steps = lambda hparams: make_steps(env, agent_for(hparams, axes), num_envs, axes)
+
+    def fused(runner: RunnerState):
+        one = steps(runner.hparams or {})
+
+        def train_step(runner, _):
+            runner, experience = one.act(runner)
+            train, metrics = one.learn(runner.train, experience)
+            return runner._replace(train=train), metrics
+
+        return jax.lax.scan(train_step, runner, length=config.updates_per_call)
+
+    runner_specs, experience_specs, metric_specs = _RUNNER_SPECS, _EXPERIENCE_SPECS, P()
+    if not population:
+        init, train = steps({}).init, fused
+        act = lambda runner: steps({}).act(runner)
+        learn = lambda state, experience: steps({}).learn(state, experience)
+    else:
+        # Metrics come out update-major [U, A, ...], as each agent's scan stacks them:
+        # agent-major, XLA:CPU would transpose every metric into a copy kernel of its
+        # own, whose fully unrolled loop took longer to compile than most of the program.
+        runner_specs, experience_specs = (_with_agent_axis(s, sharded) for s in (_RUNNER_SPECS, _EXPERIENCE_SPECS))
+        metric_specs = _with_agent_axis(P(), sharded)
+        experience_specs = (experience_specs, runner_specs.hparams)  # a learner needs its agent's settings
+
+        def init(keys, hparams):
+            # One agent after the other, not vmapped: the orthogonal initialisers' QR
+            # factorisations, batched, run as a parallel map on XLA:CPU's thread pool,
+            # which deadlocked with several devices' programs holding its threads.
+            return jax.lax.map(steps({}).init, keys)._replace(hparams=hparams)
+
+        train = jax.vmap(fused, out_axes=(0, 1))
+
+        def act(runner):
+            runner, experience = jax.vmap(lambda r: steps(r.hparams).act(r))(runner)
+            return runner, (experience, runner.hparams)
+
+        def learn(state, experience_and_hparams):
+            return jax.vmap(lambda s, e, h: steps(h).learn(s, e))(state, *experience_and_hparams)
+
+    # With no axes there is no collective to prove replication by; one device is replicated anyway.
+    check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
+    options = parallel.actor_critic_options(mesh)
+    sharded_jit = lambda fn, in_specs, out_specs, **kw: jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check), **kw)
+    init_in = P() if not population else (runner_specs.key, runner_specs.hparams)
+    return Programs(
+        init=sharded_jit(init, init_in, runner_specs, compiler_options=parallel.run_once_options(mesh)),
+        train=sharded_jit(train, (runner_specs,), (runner_specs, P(None, *metric_specs)),
+                          donate_argnums=0, compiler_options=options),
+        act=sharded_jit(act, (runner_specs,), (runner_specs, experience_specs), compiler_options=options),
+        learn=sharded_jit(learn, (runner_specs.train, experience_specs), (runner_specs.train, metric_specs),
+                          compiler_options=options))
+
+
+def actor_critic_agent(network, optimizer: optax.GradientTransformation, ppo_config, spec, rollout_len: int,
+                       make_update: Callable = ppo_make_update) -> AgentFor:
+    """`agent_for` of an actor-critic with a fixed config: PPO's, or IMPALA's with its `make_update`."""
+    return lambda _hparams, axes: ppo_make_agent(network, optimizer, ppo_config, spec, rollout_len, axes,
+                                                 make_update)
 
 
 def make_anakin(
@@ -275,31 +316,15 @@ def make_anakin(
     mesh: Mesh,
     make_update: Callable = ppo_make_update,
 ) -> tuple[Callable[[jax.Array], RunnerState], Callable[[RunnerState], tuple[RunnerState, Any]]]:
-    """Build the jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)`.
+    """The jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)` of an actor-critic.
 
     `train` runs `config.updates_per_call` updates and donates its input; the
     update is `make_update`'s (PPO's by default, IMPALA's with an `ImpalaConfig`). Its
-    metrics are stacked over those updates: the PPO losses plus `episodes`,
+    metrics are stacked over those updates: the losses plus `episodes`,
     `episode_return_sum` and `episode_length_sum` of episodes that ended.
     """
-    init, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh, make_update)
-
-    def train_step(runner: RunnerState, _):
-        runner, experience = act(runner)
-        train, metrics = learn(runner.train, experience)
-        return runner._replace(train=train), metrics
-
-    def train(runner):
-        return jax.lax.scan(train_step, runner, length=config.updates_per_call)
-
-    # With no axes there is no collective to prove replication by; one device is replicated anyway.
-    check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
-    init_sharded = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=_RUNNER_SPECS,
-                                         check_vma=check), compiler_options=parallel.run_once_options(mesh))
-    train_sharded = jax.jit(jax.shard_map(train, mesh=mesh, in_specs=(_RUNNER_SPECS,),
-                                          out_specs=(_RUNNER_SPECS, P()), check_vma=check),
-                            donate_argnums=0, compiler_options=parallel.actor_critic_options(mesh))
-    return init_sharded, train_sharded
+    programs = _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update)
+    return programs.init, programs.train
 
 
 def make_anakin_phases(
@@ -311,19 +336,18 @@ def make_anakin_phases(
     mesh: Mesh,
     make_update: Callable = ppo_make_update,
 ) -> tuple[Callable, Callable]:
-    """One update as two jitted, sharded programs, for profile mode to time apart.
+    """`make_anakin`'s update as two jitted, sharded programs, for profile mode to time apart.
 
     `act(runner) -> (runner, experience)` steps the environments for one
-    rollout; `learn(train, experience) -> (train, metrics)` is the PPO update.
+    rollout; `learn(train, experience) -> (train, metrics)` is the update.
     Together they compute what one step of `make_anakin`'s `train` computes,
     with one host round trip in between instead of none.
     """
-    _, act, learn, axes = _make_steps(env, network, optimizer, ppo_config, config, mesh, make_update)
-    check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
-    act_sharded = jax.jit(jax.shard_map(act, mesh=mesh, in_specs=(_RUNNER_SPECS,),
-                                        out_specs=(_RUNNER_SPECS, _EXPERIENCE_SPECS), check_vma=check),
-                          compiler_options=parallel.actor_critic_options(mesh))
-    learn_sharded = jax.jit(jax.shard_map(learn, mesh=mesh, in_specs=(P(), _EXPERIENCE_SPECS),
-                                          out_specs=(P(), P()), check_vma=check),
-                            compiler_options=parallel.actor_critic_options(mesh))
-    return act_sharded, learn_sharded
+    programs = _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update)
+    return programs.act, programs.learn
+
+
+def _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update) -> Programs:
+    make_layout(config, ppo_config, mesh.devices.size, is_recurrent(network))
+    agent_for = actor_critic_agent(network, optimizer, ppo_config, env.spec, config.rollout_len, make_update)
+    return make_programs(env, agent_for, config, mesh)

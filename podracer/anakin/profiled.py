@@ -2,7 +2,8 @@
 
 Production Anakin fuses acting and learning into one jitted program per
 `updates_per_call` updates, so the host cannot see inside it. Profile mode
-compiles each phase as its own program (PPO: acting, learning; ES: evaluating
+compiles each phase as its own program (an agent: acting, learning, the same
+steps the fused program runs (`podracer.anakin.loop.make_programs`); ES: evaluating
 the population, `tell`, evaluating the mean parameters), runs them one after
 the other and waits for each, so `measure` times each phase. The computation is
 the same; steps/s in profile mode are not the production figure (a host round
@@ -33,15 +34,15 @@ def stack_metrics(rows: list[dict]) -> dict:
     return jax.tree.map(lambda *values: np.stack(values), *rows)
 
 
-def compile_ppo_phases(act, learn, runner):
-    """Ahead-of-time compiled `act` and `learn` (`make_anakin_phases`) for `runner`'s shapes."""
+def compile_agent_phases(act, learn, runner):
+    """Ahead-of-time compiled `act` and `learn` (`loop.Programs`) for `runner`'s shapes."""
     act_lowered = act.lower(runner)
     _, experience = act_lowered.out_info
     return act_lowered.compile(), learn.lower(runner.train, experience).compile()
 
 
-def make_profiled_ppo_train(act, learn, updates_per_call: int, measure: Measure) -> Callable:
-    """`train(runner) -> (runner, metrics)` like `make_anakin`'s, each phase timed on its own."""
+def make_profiled_train(act, learn, updates_per_call: int, measure: Measure) -> Callable:
+    """`train(runner) -> (runner, metrics)` like `loop.Programs.train`, each phase timed on its own."""
 
     def train(runner):
         rows = []

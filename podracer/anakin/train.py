@@ -17,10 +17,10 @@ import numpy as np
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.env import make_env
 from podracer.envs.spec import check_masked_inputs
-from podracer.anakin.loop import _make_steps, make_anakin, make_anakin_phases, make_layout
-from podracer.anakin.population import agent_inputs, make_anakin_population, make_anakin_population_phases
+from podracer.anakin.loop import make_layout, make_programs
+from podracer.anakin.population import agent_inputs
 from podracer.actor_critic import actor_critic
-from podracer.anakin.profiled import NOTE, compile_ppo_phases, make_profiled_ppo_train
+from podracer.anakin.profiled import NOTE, compile_agent_phases, make_profiled_train
 from podracer.config import make_optimizer
 from podracer.acting import ppo_policy
 from podracer import population
@@ -48,15 +48,17 @@ def _interval_metrics(metrics) -> dict:
 def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
     """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases.
 
-    A population (`podracer.population`) gets the same per-agent steps, vmapped
-    over its agents (`podracer.anakin.population`); its `init` ignores the key
-    it is given (each agent has its own seed).
+    The algorithm is an agent on the contract (`podracer.agent`); a population
+    (`podracer.population`) is its program vmapped over the agents, each built
+    with its swept settings, and its `init` ignores the key it is given (each
+    agent has its own seed).
     """
     run, anakin = configs["run"], configs["anakin"]
     algo, ppo_config = actor_critic(configs)
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
     members = population.agents(configs)
+    is_population = population.is_population(configs)
     sharded = population.check_agents(len(members), mesh.devices.size)
     net = configs["network"]
     check_masked_inputs(env.spec, ppo_config.normalize_observations)
@@ -68,31 +70,19 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     num_updates = num_calls * anakin.updates_per_call
     optimizer_steps = num_updates * ppo_config.epochs * ppo_config.minibatches
-    if population.is_population(configs):
-        return _build_population(configs, env, network, layout, mesh, members, sharded,
-                                 Calls(0, num_calls, steps_per_call), optimizer_steps, profile)
-    optimizer = make_optimizer(configs["optimizer"], optimizer_steps)
-    init, train = make_anakin(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
-    phases = (make_anakin_phases(env, network, optimizer, ppo_config, anakin, mesh, algo.make_update)
-              if profile else None)
-    return Program(env, network, layout, Calls(0, num_calls, steps_per_call), Init.of_key(init), train, phases)
 
-
-def _build_population(configs, env, network, layout, mesh, members, sharded, calls, optimizer_steps,
-                      profile) -> Program:
-    """`build`'s program for a population: one agent's steps with its settings, vmapped over agents."""
-    algo, _ = actor_critic(configs)
-
-    def steps_for(hparams, agents_sharded):
+    def agent_for(hparams, axis_names):
         agent = population.configs_for(configs, hparams)  # its swept settings: traced scalars
         optimizer = make_optimizer(agent["optimizer"], optimizer_steps)
-        return _make_steps(env, network, optimizer, agent[algo.name], configs["anakin"], mesh,
-                           algo.make_update, agents_sharded)
+        return algo.make_agent(network, optimizer, agent[algo.name], env.spec, anakin.rollout_len, axis_names)
 
-    init, train = make_anakin_population(steps_for, configs["anakin"], mesh, sharded)
-    keys, hparams = agent_inputs(members)
-    phases = make_anakin_population_phases(steps_for, mesh, sharded) if profile else None
-    return Program(env, network, layout, calls, Init(init, lambda _key: (keys, hparams)), train, phases)
+    programs = make_programs(env, agent_for, anakin, mesh, is_population, sharded)
+    init = Init.of_key(programs.init)
+    if is_population:
+        keys, hparams = agent_inputs(members)
+        init = Init(programs.init, lambda _key: (keys, hparams))
+    phases = (programs.act, programs.learn) if profile else None
+    return Program(env, network, layout, Calls(0, num_calls, steps_per_call), init, programs.train, phases)
 
 
 def _agent_rows(metrics, num_agents: int) -> list[dict]:
@@ -125,7 +115,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
                                                           ppo_config))
     if session.profiler:
         compile_start = time.perf_counter()
-        train = make_profiled_ppo_train(*compile_ppo_phases(*built.phases, runner), updates_per_call,
+        train = make_profiled_train(*compile_agent_phases(*built.phases, runner), updates_per_call,
                                         session.measure)
         compile_s += time.perf_counter() - compile_start
     else:

@@ -5,6 +5,7 @@
     state, metrics = update(state, batch, bootstrap_value, key)
 """
 
+from podracer.ppo.agent import make_agent
 from podracer.ppo.config import PPOConfig
 from podracer.ppo.gae import gae_advantages
 from podracer.ppo.losses import Samples, normalize_advantages, ppo_loss
@@ -19,6 +20,7 @@ __all__ = [
     "gae_advantages",
     "init_train_state",
     "make_act",
+    "make_agent",
     "make_update",
     "normalize_advantages",
     "policy_inputs",

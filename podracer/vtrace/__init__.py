@@ -8,6 +8,7 @@ The update is called exactly as `podracer.ppo.make_update`'s, so Anakin and
 Sebulba run either one.
 """
 
+from podracer.vtrace.agent import make_agent
 from podracer.vtrace.config import IMPALA_FIX, ImpalaConfig
 from podracer.vtrace.losses import Sequences, impala_loss
 from podracer.vtrace.update import make_update
@@ -22,6 +23,7 @@ __all__ = [
     "Transition",
     "VTraceOutput",
     "impala_loss",
+    "make_agent",
     "make_update",
     "vtrace_td_error_and_advantage",
 ]

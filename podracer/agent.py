@@ -1,0 +1,113 @@
+"""The agent contract: what every agent gives the architectures, as a record of pure functions.
+
+An agent is one folder (`podracer/ppo/`, `podracer/vtrace/`) with a frozen
+config and a `make_agent(...)` that returns an `Agent`: how to initialise its
+state, how to act on a batch of observations, which experience it wants, and
+how to learn from it. The architectures run any `Agent` and never name the
+algorithm: Anakin's one program builder (`podracer.anakin.loop`) steps the
+environments with `act`, hands the rollout to `prepare` and `learn`, vmaps the
+whole program over a population's agents and compiles `act` and `learn` apart
+for `--profile`.
+
+Every function is pure and jittable, and `make_agent` takes `axis_names` as
+`ppo.make_update` does: inside `shard_map` the architecture passes the mesh
+axes its environments are split over, and `learn` averages over them. Batches
+are [B, ...] over this device's environments, rollouts time-major [T, B, ...].
+
+A new agent plugs in by writing its own `make_agent` (a sketch: a REINFORCE
+agent on a network `apply(params, obs) -> (distribution, value)`):
+
+    def make_agent(network, optimizer, config, spec, rollout_len, axis_names=()):
+        def init(key):
+            params = network.init(key, jnp.zeros((1, *spec.obs_shape), spec.obs_dtype))
+            return TrainState(params, optimizer.init(params), init_running_stats(spec.obs_shape),
+                              jnp.zeros((), jnp.int32))
+
+        def act(state, obs, key, carry):
+            dist, _ = network.apply(state.params, obs)
+            action = jax.vmap(lambda d, k: d.sample(k))(dist, key)
+            return action, carry, ()
+
+        def prepare(state, rollout):
+            return rollout, ()                                   # learn from the raw rollout
+
+        def learn(state, rollout, bootstrap, key, carry):
+            grads = jax.grad(reinforce_loss)(state.params, network.apply, rollout, config)
+            grads = jax.lax.pmean(grads, axis_names) if axis_names else grads
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {}
+
+        return Agent(init, act, prepare, learn, Rollout(rollout_len),
+                     draw=lambda key: key, initial_carry=lambda num_envs: ())
+
+Which experience an agent wants is a value the architecture reads: today a
+`Rollout` of T steps of every environment, learned from once. An agent that
+replays (DQN, SAC, MuZero) keeps wanting rollouts (short ones, of a few
+steps) and keeps its buffer in its state, adding each rollout in `learn`
+before sampling from it; a buffer too large to replicate gets an experience
+type of its own here, which the architecture places beside the environments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+
+class Rollout(NamedTuple):
+    """The experience an on-policy agent learns from: `length` consecutive steps of every environment."""
+
+    length: int
+
+
+class Trajectory(NamedTuple):
+    """What the architecture recorded while `act` stepped the environments; rows are time-major [T, B, ...].
+
+    Row t holds the observation acted on, the action, what `act` returned
+    beside it (`extras`, e.g. the log-probability) and what the environment
+    answered. `final_obs` is the observation that ended the episode at row t
+    (the one a truncation bootstraps from); `carry` the acting carry after row
+    t, before the architecture zeroed it where the episode ended.
+    """
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array  # [T, B]
+    terminated: jax.Array  # [T, B]
+    truncated: jax.Array  # [T, B]
+    final_obs: jax.Array
+    extras: Any
+    carry: Any  # () for an agent without one
+    next_obs: jax.Array  # [B, ...]: the observation after the last row
+    next_carry: Any  # [B, ...] leaves: the carry to act on `next_obs` with
+
+
+class Agent(NamedTuple):
+    """An agent as pure functions; `make_agent(..., axis_names)` of each agent folder builds one.
+
+    `state` is the agent's own pytree of arrays (parameters, optimizer state,
+    observation statistics, step counter; later a replay buffer); the
+    architecture carries it, checkpoints it and checks it is finite.
+    """
+
+    init: Callable[[jax.Array], Any]
+    """`init(key) -> state`."""
+    act: Callable
+    """`act(state, obs [B, ...], randomness [B, ...], carry) -> (action [B, ...], carry, extras)`: one step
+    of B environments. `carry` is the recurrent state before acting (`()` without one), zeroed by
+    the architecture where an episode ended."""
+    prepare: Callable
+    """`prepare(state, trajectory) -> (batch, bootstrap)`: what `learn` is given, computed with the
+    acting state right after the rollout (e.g. the behaviour values of every row, in one batch)."""
+    learn: Callable
+    """`learn(state, batch, bootstrap, key, carry) -> (state, metrics)`, where `carry` is the acting
+    carry before the rollout's first row; metrics are scalars averaged over `axis_names`."""
+    experience: Rollout
+    """The experience `learn` wants."""
+    draw: Callable[[jax.Array], Any]
+    """`draw(key) -> randomness` of one environment's one action, drawn for a whole rollout ahead of
+    the loop (e.g. a sample's noise); `lambda key: key` to draw inside `act`."""
+    initial_carry: Callable[[int], Any]
+    """`initial_carry(num_envs) -> carry` of fresh episodes (zeros); `()` for a feed-forward agent."""
