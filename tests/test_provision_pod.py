@@ -200,11 +200,21 @@ def test_a_two_worker_slice_trains_to_its_summary_then_is_deleted_and_nothing_is
     pod.assert_nothing_left()
 
 
-def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_parameters(
+def test_preempt_runner_only_sigterm_reaches_training_in_its_unit_which_saves_there_and_the_new_slice_resumes_bitwise(
         pod, uninterrupted, gcs_bucket, capsys):
+    """A preemption as the guest agent meets it: SIGTERM to the startup script's runner
+    alone, everything else killed after the grace. Training runs in a systemd unit of its
+    own, which the shutdown stops with SIGTERM first: it saves at the step it was stopped
+    at, and the slice created again resumes from exactly there."""
     emulated, server = pod
     _, _, reference = uninterrupted
-    preempted = _at_first_checkpoint(emulated, server.service, lambda: emulated.preempt(NAME))
+    first_log = []  # worker 0's log as the preempted slice left it (the next one's replaces it)
+
+    def preempt():
+        emulated.preempt(NAME, grace_s=30)  # a Compute Engine preemption's 30 s notice
+        first_log.append(_bucket_text(gcs_bucket, _run_dir(server.service), "logs/worker-0.log"))
+
+    preempted = _at_first_checkpoint(emulated, server.service, preempt)
     outcome = _launch(server, capsys, "--spot", "--max-restarts=1")
 
     summary = _assert_finished(outcome, emulated, gcs_bucket)
@@ -219,6 +229,11 @@ def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_p
     log = _bucket_text(gcs_bucket, outcome.run_dir, "logs/worker-0.log")
     resumed = re.search(r"from env step ([\d,]+)", log)
     assert resumed and 0 < int(resumed[1].replace(",", "")) < STEPS, log[-2000:]
+    # ... the checkpoint that training saved when the shutdown's SIGTERM reached it.
+    stopped = re.search(rf"stopped by signal {int(signal.SIGTERM)} at env step ([\d,]+); "
+                        "checkpoint saved", first_log[0])
+    assert stopped and stopped[1] == resumed[1], first_log[0][-3000:]
+    assert "Running as unit: podracer-worker.service" in emulated.consoles(10**6)
     # ... and trained to the very parameters (optimizer, environments, key) of an
     # uninterrupted run: resuming lost nothing and repeated nothing.
     _assert_same_state(outcome.run_dir, reference)
