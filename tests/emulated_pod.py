@@ -14,25 +14,33 @@ the server does with a node; everything else it scripts stays as it was:
   node boots: a disk of its own (`root/disks/NODE/worker-I`, the worker's
   `PODRACER_HOME`), a metadata server of its own (tests/metadata_server.py) with
   the node's metadata plus `agent-worker-number` and `worker-network-endpoints`
-  (every worker on 127.0.0.1), and `bash -c STARTUP_SCRIPT` in a new session, in
+  (every worker on 127.0.0.1), and the startup script, run by a stand-in for the
+  guest agent's script runner (`bash -c STARTUP_SCRIPT` under it) in a new session, in
   `environment` (the bucket's and the offline installers' variables) with
   `GCE_METADATA_HOST`/`GCE_METADATA_IP` and `PODRACER_COORDINATOR_PORT` (a free
   port per node); its output goes to `root/consoles/NODE-worker-I.log` (the
   serial console), which outlives the disk;
+- first on the workers' PATH, a stand-in `systemd-run` (tests/systemd_run_standin.py)
+  starts a command as a unit of its own: a process session of its own, recorded
+  under `root/units/NODE-worker-I/`;
+- a worker's shutdown is the guest agent's: SIGTERM to the script runner alone (its
+  service has `KillMode=process`) and to each unit (as systemd stops units), SIGKILL
+  to a unit after its `TimeoutStopSec`, and to everything left after the grace;
+  what got no SIGTERM stays as it was (running, or paused) until then;
 - GetGuestAttributes answers what each worker's metadata server holds;
-- DeleteNode (or deleting the queued resource) stops the workers (SIGTERM, then
-  SIGKILL after `delete_grace_s`), removes their disks and metadata servers; the
+- DeleteNode (or deleting the queued resource) shuts the workers down (SIGKILL
+  after `delete_grace_s`), removes their disks and metadata servers; the
   node is DELETING until then, and its operation done after.
 
 What a test scripts, all of it thread-safe (run it from a thread, or with
 `when`, while the launcher waits in the test's own thread):
 
-- `preempt(node)`: SIGTERM every worker (a preemption's ACPI shutdown), SIGKILL
+- `preempt(node)`: shuts every worker down (a preemption's ACPI shutdown), SIGKILL
   after `grace_s`; the node is PREEMPTED (its queued resource SUSPENDED) and
   stays listed until deleted;
 - `pause(node)`: freeze every worker (SIGSTOP) where it is; a later preemption,
-  reboot or delete wakes it with its SIGTERM, `resume(node)` as it was;
-- `reboot(node, worker)`: stop that worker's process group the same way, then run
+  reboot or delete wakes what it sends SIGTERM to, `resume(node)` all as it was;
+- `reboot(node, worker)`: shut that worker down the same way, then run
   its startup script again on the same disk with the same metadata server;
 - `set_state(node, state)`: the node's state from now on (REPAIRING, READY, ...);
 - `phase(node, worker)`: the worker's `podracer/state` (None before it reports);

@@ -5,9 +5,10 @@ and trains as one process of a `jax.distributed` run on 127.0.0.1, into the
 emulated bucket.
 
 Each test is named for what it proves: a slice that trains to its end (the
-reference the others compare with), `preempt`, `reboot`, `attach` after the
-launcher is killed, `detach` through an API outage longer than the launcher's
-retry deadline.
+reference the others compare with), `preempt` as the guest agent shuts a VM down
+(`runner_only`: SIGTERM to the startup script's runner alone), `reboot`, `attach`
+after the launcher is killed, `detach` through an API outage longer than the
+launcher's retry deadline, and `sebulba` with envpool.
 """
 
 from __future__ import annotations
@@ -336,4 +337,31 @@ def test_detach_leaves_the_slice_training_and_attach_waits_out_an_api_outage(
     _assert_finished(attached, emulated, gcs_bucket)
     assert "cannot reach the Cloud TPU API" in out and "the Cloud TPU API answers again" in out
     assert len(server.service.requests_of("CreateNode")) == 1
+    emulated.assert_nothing_left()
+
+
+# Sebulba on the slice's 4 devices per host: one acts (envpool CartPole on the host's
+# CPU threads), three learn, over both workers; actors wait for each update.
+SEBULBA = ["--arch=sebulba", "--algo=ppo", "--env=CartPole-v1", "--num-envs=24", "--rollout-len=16",
+           "--total-steps=3072", "--synchronous", "--seed=5", "--cpu-devices=4"]
+
+
+def test_sebulba_with_envpool_trains_on_the_slice_to_its_summary(pod, gcs_bucket, capsys):
+    emulated, server = pod
+    status = main([f"--tpu={NAME}", *_flags(server), "--accelerator-type=v4-16",
+                   f"--bucket={BUCKET}", "--max-run-time=400", *SEBULBA])
+    out, err = capsys.readouterr()
+    outcome = Outcome(status, out, err, _run_dir(server.service) or "")
+
+    assert status == 0, _explain(outcome, emulated, gcs_bucket)
+    summary = json.loads(_bucket_text(gcs_bucket, outcome.run_dir, "summary.json"))
+    assert summary["processes"] == 2 and summary["env_steps"] >= 3072
+    assert summary["config"]["run"]["arch"] == "sebulba"
+    # One actor and three learner devices on each worker; one learner mesh over both.
+    assert (summary["actor_devices"], summary["learner_devices"]) == (2, 6)
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    for index in range(2):
+        assert _bucket_text(gcs_bucket, outcome.run_dir, f"logs/worker-{index}.exit") == "0"
+    assert f"results in {outcome.run_dir}:" in outcome.out
     emulated.assert_nothing_left()

@@ -40,10 +40,19 @@ def _config(flags, bucket="gs://no-such-bucket-here/run"):
 
 
 def _boot(tmp_path, script, metadata, storage_url) -> subprocess.CompletedProcess:
+    """The script run here, where `systemd-run` fails as it does on a machine not booted
+    with systemd: the script runs the worker itself (tests/test_provision_pod.py runs
+    it as a unit)."""
     home = tmp_path / "po dracer's home"  # a space and a quote: paths must be quoted too
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "systemd-run").write_text(
+        "#!/bin/sh\necho 'System has not been booted with systemd as init system (PID 1).' >&2\n"
+        "exit 1\n")
+    (bin_dir / "systemd-run").chmod(0o755)
     return subprocess.run(
         [BASH, "-c", script], cwd=tmp_path, timeout=60, capture_output=True, text=True,
-        env={"PATH": "/usr/bin:/bin:" + str(Path(shutil.which("python3")).parent),
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin:" + str(Path(shutil.which("python3")).parent),
              "HOME": str(tmp_path), "PODRACER_HOME": str(home),
              "GCE_METADATA_HOST": metadata.host, "STORAGE_EMULATOR_HOST": storage_url})
 
@@ -64,6 +73,7 @@ def test_hostile_flags_reach_the_worker_verbatim_and_nothing_escapes(tmp_path, g
     assert pwned == []
     # The bucket does not exist here: the worker cannot fetch the code, and says so.
     assert (done.returncode, state) == (1, "install-failed=1")
+    assert "the worker runs under this script" in done.stdout
     assert "cannot download the staged code" in (home / "worker.log").read_text()
     assert (home / "exit_code").read_text() == "1"
 
