@@ -23,6 +23,18 @@ from pathlib import Path
 MANAGER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def not_booted_with_systemd(folder: Path) -> str:
+    """A folder holding a `systemd-run` that fails as it does on a machine not booted with
+    systemd, whatever this machine has: put it first on PATH where the startup script
+    must run the worker itself."""
+    folder.mkdir(parents=True, exist_ok=True)
+    failing = folder / "systemd-run"
+    failing.write_text("#!/bin/sh\necho 'System has not been booted with systemd as init "
+                       "system (PID 1). Can'\\''t operate.' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    return str(folder)
+
+
 def _session_alive(pid: int) -> bool:
     try:
         os.killpg(pid, 0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from metadata_server import MetadataServer, worker_endpoints
+from systemd_run_standin import not_booted_with_systemd
 from podracer.provision import worker
 from podracer.provision.startup import (WorkerState, make_startup_script, parse_worker_state,
                                         worker_config)
@@ -44,12 +45,7 @@ def _boot(tmp_path, script, metadata, storage_url) -> subprocess.CompletedProces
     with systemd: the script runs the worker itself (tests/test_provision_pod.py runs
     it as a unit)."""
     home = tmp_path / "po dracer's home"  # a space and a quote: paths must be quoted too
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "systemd-run").write_text(
-        "#!/bin/sh\necho 'System has not been booted with systemd as init system (PID 1).' >&2\n"
-        "exit 1\n")
-    (bin_dir / "systemd-run").chmod(0o755)
+    bin_dir = not_booted_with_systemd(tmp_path / "bin")
     return subprocess.run(
         [BASH, "-c", script], cwd=tmp_path, timeout=60, capture_output=True, text=True,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin:" + str(Path(shutil.which("python3")).parent),
