@@ -93,10 +93,10 @@ if command -v systemd-run >/dev/null 2>&1; then
   while IFS= read -r name; do
     unit_environment+=("--setenv=$name=${{!name}}")
   done < <(compgen -e)
-  if systemd-run --unit={WORKER_UNIT} --collect -p KillMode=mixed \
-      -p TimeoutStopSec={UNIT_STOP_TIMEOUT_S} -p After=network-online.target \
-      -p Wants=network-online.target -p StandardOutput=journal+console \
-      -p StandardError=journal+console -p WorkingDirectory="$home" \
+  if systemd-run --unit={WORKER_UNIT} --collect -p KillMode=mixed \\
+      -p TimeoutStopSec={UNIT_STOP_TIMEOUT_S} -p After=network-online.target \\
+      -p Wants=network-online.target -p StandardOutput=journal+console \\
+      -p StandardError=journal+console -p WorkingDirectory="$home" \\
       "${{unit_environment[@]}}" "$(command -v python3)" "$home/worker.py" "$home/worker.json"; then
     exit 0
   fi
