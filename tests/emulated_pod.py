@@ -14,25 +14,33 @@ the server does with a node; everything else it scripts stays as it was:
   node boots: a disk of its own (`root/disks/NODE/worker-I`, the worker's
   `PODRACER_HOME`), a metadata server of its own (tests/metadata_server.py) with
   the node's metadata plus `agent-worker-number` and `worker-network-endpoints`
-  (every worker on 127.0.0.1), and `bash -c STARTUP_SCRIPT` in a new session, in
+  (every worker on 127.0.0.1), and the startup script, run by a stand-in for the
+  guest agent's script runner (`bash -c STARTUP_SCRIPT` under it) in a new session, in
   `environment` (the bucket's and the offline installers' variables) with
   `GCE_METADATA_HOST`/`GCE_METADATA_IP` and `PODRACER_COORDINATOR_PORT` (a free
   port per node); its output goes to `root/consoles/NODE-worker-I.log` (the
   serial console), which outlives the disk;
+- first on the workers' PATH, a stand-in `systemd-run` (tests/systemd_run_standin.py)
+  starts a command as a unit of its own: a process session of its own, recorded
+  under `root/units/NODE-worker-I/`;
+- a worker's shutdown is the guest agent's: SIGTERM to the script runner alone (its
+  service has `KillMode=process`) and to each unit (as systemd stops units), SIGKILL
+  to a unit after its `TimeoutStopSec`, and to everything left after the grace;
+  what got no SIGTERM stays as it was (running, or paused) until then;
 - GetGuestAttributes answers what each worker's metadata server holds;
-- DeleteNode (or deleting the queued resource) stops the workers (SIGTERM, then
-  SIGKILL after `delete_grace_s`), removes their disks and metadata servers; the
+- DeleteNode (or deleting the queued resource) shuts the workers down (SIGKILL
+  after `delete_grace_s`), removes their disks and metadata servers; the
   node is DELETING until then, and its operation done after.
 
 What a test scripts, all of it thread-safe (run it from a thread, or with
 `when`, while the launcher waits in the test's own thread):
 
-- `preempt(node)`: SIGTERM every worker (a preemption's ACPI shutdown), SIGKILL
+- `preempt(node)`: shuts every worker down (a preemption's ACPI shutdown), SIGKILL
   after `grace_s`; the node is PREEMPTED (its queued resource SUSPENDED) and
   stays listed until deleted;
 - `pause(node)`: freeze every worker (SIGSTOP) where it is; a later preemption,
-  reboot or delete wakes it with its SIGTERM, `resume(node)` as it was;
-- `reboot(node, worker)`: stop that worker's process group the same way, then run
+  reboot or delete wakes what it sends SIGTERM to, `resume(node)` all as it was;
+- `reboot(node, worker)`: shut that worker down the same way, then run
   its startup script again on the same disk with the same metadata server;
 - `set_state(node, state)`: the node's state from now on (REPAIRING, READY, ...);
 - `phase(node, worker)`: the worker's `podracer/state` (None before it reports);
@@ -48,6 +56,7 @@ end) kills whatever is still running and stops the metadata servers.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +76,11 @@ from metadata_server import MetadataServer, worker_endpoints
 from podracer.orchestrate.distributed import free_port
 
 GUEST_ATTRIBUTE = "podracer/state"
+UNITS_VARIABLE = "EMULATED_SYSTEMD_UNITS"  # where tests/systemd_run_standin.py records units
+_STANDIN = Path(__file__).with_name("systemd_run_standin.py")
+# The guest agent's script runner: runs the startup script and waits for it. A SIGTERM
+# ends the runner alone (Python's default action), not what the script started.
+_SCRIPT_RUNNER = "import subprocess, sys; sys.exit(subprocess.call(['bash', '-c', sys.argv[1]]))"
 
 
 def worker_environment(*overlays: dict) -> dict:
@@ -132,36 +146,73 @@ class _Worker:
             console.write(f"--- boot {self.boots} ---\n".encode())
             console.flush()
             self.process = subprocess.Popen(
-                ["bash", "-c", script], env=self.environment, cwd=self.home,
-                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                [sys.executable, "-c", _SCRIPT_RUNNER, script], env=self.environment,
+                cwd=self.home, stdin=subprocess.DEVNULL, stdout=console,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _units(self) -> list[dict]:
+        """The systemd units its startup script started (tests/systemd_run_standin.py)."""
+        units = Path(self.environment[UNITS_VARIABLE])
+        return [json.loads(path.read_text()) for path in sorted(units.glob("*.json"))]
+
+    def _groups(self) -> list[int]:
+        """Its process groups: the script runner's, then each unit's session."""
+        runner = [self.process.pid] if self.process is not None else []
+        return runner + [unit["pid"] for unit in self._units()]
 
     def alive(self) -> list[int]:
-        """The pids of its process group that still run (zombies are dead)."""
-        if self.process is None:
-            return []
-        self.process.poll()  # reaps the leader
-        return _group_members(self.process.pid)
+        """The pids of its processes that still run (zombies are dead): the script
+        runner's process group and its units' sessions."""
+        if self.process is not None:
+            self.process.poll()  # reaps the leader
+        return [pid for group in self._groups() for pid in _group_members(group)]
+
+    def signal(self, signum: int) -> None:
+        for group in self._groups():
+            _signal_group(group, signum)
 
     def stop(self, grace_s: float) -> None:
-        """SIGTERM to the whole group, SIGKILL to what is left after `grace_s`."""
+        """A shutdown as systemd and the guest agent do it: SIGTERM to the script runner
+        alone (its service has `KillMode=process`) and to each unit (its main process
+        with `KillMode=mixed`, its whole session otherwise); SIGKILL to a unit still
+        running after its `TimeoutStopSec`, and to everything left after `grace_s`."""
         if not self.alive():
             return
-        group = self.process.pid
-        _signal_group(group, signal.SIGTERM)
-        _signal_group(group, signal.SIGCONT)  # a paused worker takes its SIGTERM as it wakes
-        deadline = time.monotonic() + grace_s
-        while self.alive() and time.monotonic() < deadline:
+        units = self._units()
+        _signal_pid(self.process.pid, signal.SIGTERM)
+        for unit in units:
+            if unit["kill_mode"] in ("mixed", "process"):
+                _signal_pid(unit["pid"], signal.SIGTERM)
+            else:
+                _signal_group(unit["pid"], signal.SIGTERM)
+        # What was signalled wakes (a paused worker takes its SIGTERM as it wakes); what
+        # was not stays as it was until it is killed.
+        _signal_pid(self.process.pid, signal.SIGCONT)
+        for unit in units:
+            _signal_group(unit["pid"], signal.SIGCONT)
+        start = time.monotonic()
+        while self.alive() and time.monotonic() < start + grace_s:
+            for unit in units:
+                if time.monotonic() > start + unit["timeout_stop_s"]:
+                    _signal_group(unit["pid"], signal.SIGKILL)
             time.sleep(0.05)
-        _signal_group(group, signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         self.process.wait(timeout=30)
         wait_until(lambda: not self.alive(), 30, f"worker {self.index}'s processes to die")
-
+        for path in Path(self.environment[UNITS_VARIABLE]).glob("*.json"):
+            path.unlink()  # a shutdown ends every unit
 
 
 def _tail(path: Path, lines: int) -> str:
     text = path.read_text(errors="replace") if path.exists() else ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _signal_pid(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(group: int, signum: int) -> None:
@@ -195,10 +246,17 @@ class EmulatedPod:
     """Boots the workers of `service`'s nodes on this machine (see the module's docstring)."""
 
     def __init__(self, service, root: str | os.PathLike, environment: dict, *,
-                 grace_s: float = 5.0, delete_grace_s: float = 1.0):
+                 grace_s: float = 5.0, delete_grace_s: float = 1.0, systemd_run: bool = True):
         self.service = service
         self.root = Path(root)
         self.environment = dict(environment)
+        if systemd_run:  # first on the workers' PATH, before any real one
+            folder = self.root / "bin"
+            folder.mkdir(parents=True, exist_ok=True)
+            standin = folder / "systemd-run"
+            standin.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{_STANDIN}" "$@"\n')
+            standin.chmod(0o755)
+            self.environment["PATH"] = os.pathsep.join([str(folder), self.environment.get("PATH", "")])
         self.grace_s = grace_s
         self.delete_grace_s = delete_grace_s
         self._nodes: dict[str, _Node] = {}  # by full name, until deleted
@@ -233,7 +291,8 @@ class EmulatedPod:
                                        "worker-network-endpoints": endpoints}).start()
             environment = {**self.environment, "PODRACER_HOME": str(disk / f"worker-{index}"),
                            "GCE_METADATA_HOST": metadata.host, "GCE_METADATA_IP": metadata.host,
-                           "PODRACER_COORDINATOR_PORT": port}
+                           "PODRACER_COORDINATOR_PORT": port,
+                           UNITS_VARIABLE: str(self.root / "units" / f"{node_id}-worker-{index}")}
             workers.append(_Worker(index, disk / f"worker-{index}",
                                    consoles / f"{node_id}-worker-{index}.log", metadata, environment))
         self._nodes[node.name] = _Node(node.name, workers, disk)
@@ -299,14 +358,12 @@ class EmulatedPod:
         """Freezes every worker of the node (SIGSTOP) until it is stopped: the run cannot
         get further than it is, whatever the test does next."""
         for worker in self._node(node).workers:
-            if worker.alive():
-                _signal_group(worker.process.pid, signal.SIGSTOP)
+            worker.signal(signal.SIGSTOP)
 
     def resume(self, node: str) -> None:
         """Wakes the node's paused workers (SIGCONT)."""
         for worker in self._node(node).workers:
-            if worker.alive():
-                _signal_group(worker.process.pid, signal.SIGCONT)
+            worker.signal(signal.SIGCONT)
 
     def reboot(self, node: str, worker: int, grace_s: float | None = None) -> None:
         """Worker `worker` shuts down (as `preempt`) and boots again: same disk, same metadata."""

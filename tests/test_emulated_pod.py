@@ -61,12 +61,20 @@ metadata("guest-attributes/podracer/state", b"running")
 while True:
     time.sleep(0.1)
 '''
-SCRIPT = f"""#!/bin/bash
+WRITE_WORKER = f"""#!/bin/bash
 cat >"$PODRACER_HOME/fake_worker.py" <<'EOF'
 {FAKE_WORKER}
 EOF
-exec python3 "$PODRACER_HOME/fake_worker.py"
 """
+# The worker as a unit of its own (as podracer's startup script runs it), with what it reads.
+SCRIPT = WRITE_WORKER + """exec systemd-run --unit=fake-worker --collect -p KillMode=mixed \\
+    -p WorkingDirectory="$PODRACER_HOME" --setenv=PODRACER_HOME="$PODRACER_HOME" \\
+    --setenv=GCE_METADATA_HOST="$GCE_METADATA_HOST" \\
+    --setenv=PODRACER_COORDINATOR_PORT="$PODRACER_COORDINATOR_PORT" \\
+    "$(command -v python3)" "$PODRACER_HOME/fake_worker.py"
+"""
+# The worker as the script runner's child.
+UNDER_THE_RUNNER = WRITE_WORKER + 'exec python3 "$PODRACER_HOME/fake_worker.py"\n'
 
 
 @pytest.fixture
@@ -147,6 +155,20 @@ def test_a_preemption_sigterms_the_workers_kills_what_stays_and_the_node_stays_l
         emulated.assert_nothing_left(timeout=0.5)
     client.delete_node(name=NODE).result(timeout=30)
     emulated.assert_nothing_left()
+
+
+def test_a_shutdown_sigterms_the_script_runner_only_and_kills_what_it_started_after_the_grace(pod):
+    """The guest agent's service has `KillMode=process`: a program the startup script
+    runs itself never sees the shutdown's SIGTERM, only the SIGKILL at its end."""
+    emulated, client = pod
+    _create(client, UNDER_THE_RUNNER)
+    _running(emulated)
+
+    emulated.preempt("pod", grace_s=1.0)
+
+    assert emulated.alive() == {}
+    assert not any((_home(emulated, w) / "terminated").exists() for w in (0, 1))
+    assert _states(client) == ["running", "running"]
 
 
 def test_a_reboot_runs_the_startup_script_again_on_the_same_disk(pod):

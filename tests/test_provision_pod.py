@@ -5,9 +5,10 @@ and trains as one process of a `jax.distributed` run on 127.0.0.1, into the
 emulated bucket.
 
 Each test is named for what it proves: a slice that trains to its end (the
-reference the others compare with), `preempt`, `reboot`, `attach` after the
-launcher is killed, `detach` through an API outage longer than the launcher's
-retry deadline.
+reference the others compare with), `preempt` as the guest agent shuts a VM down
+(`runner_only`: SIGTERM to the startup script's runner alone), `reboot`, `attach`
+after the launcher is killed, `detach` through an API outage longer than the
+launcher's retry deadline, and `sebulba` with envpool.
 """
 
 from __future__ import annotations
@@ -200,11 +201,21 @@ def test_a_two_worker_slice_trains_to_its_summary_then_is_deleted_and_nothing_is
     pod.assert_nothing_left()
 
 
-def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_parameters(
+def test_preempt_runner_only_sigterm_reaches_training_in_its_unit_which_saves_there_and_the_new_slice_resumes_bitwise(
         pod, uninterrupted, gcs_bucket, capsys):
+    """A preemption as the guest agent meets it: SIGTERM to the startup script's runner
+    alone, everything else killed after the grace. Training runs in a systemd unit of its
+    own, which the shutdown stops with SIGTERM first: it saves at the step it was stopped
+    at, and the slice created again resumes from exactly there."""
     emulated, server = pod
     _, _, reference = uninterrupted
-    preempted = _at_first_checkpoint(emulated, server.service, lambda: emulated.preempt(NAME))
+    first_log = []  # worker 0's log as the preempted slice left it (the next one's replaces it)
+
+    def preempt():
+        emulated.preempt(NAME, grace_s=30)  # a Compute Engine preemption's 30 s notice
+        first_log.append(_bucket_text(gcs_bucket, _run_dir(server.service), "logs/worker-0.log"))
+
+    preempted = _at_first_checkpoint(emulated, server.service, preempt)
     outcome = _launch(server, capsys, "--spot", "--max-restarts=1")
 
     summary = _assert_finished(outcome, emulated, gcs_bucket)
@@ -219,6 +230,11 @@ def test_preempt_recreates_the_slice_which_resumes_from_the_bucket_to_the_same_p
     log = _bucket_text(gcs_bucket, outcome.run_dir, "logs/worker-0.log")
     resumed = re.search(r"from env step ([\d,]+)", log)
     assert resumed and 0 < int(resumed[1].replace(",", "")) < STEPS, log[-2000:]
+    # ... the checkpoint that training saved when the shutdown's SIGTERM reached it.
+    stopped = re.search(rf"stopped by signal {int(signal.SIGTERM)} at env step ([\d,]+); "
+                        "checkpoint saved", first_log[0])
+    assert stopped and stopped[1] == resumed[1], first_log[0][-3000:]
+    assert "Running as unit: podracer-worker.service" in emulated.consoles(10**6)
     # ... and trained to the very parameters (optimizer, environments, key) of an
     # uninterrupted run: resuming lost nothing and repeated nothing.
     _assert_same_state(outcome.run_dir, reference)
@@ -321,4 +337,31 @@ def test_detach_leaves_the_slice_training_and_attach_waits_out_an_api_outage(
     _assert_finished(attached, emulated, gcs_bucket)
     assert "cannot reach the Cloud TPU API" in out and "the Cloud TPU API answers again" in out
     assert len(server.service.requests_of("CreateNode")) == 1
+    emulated.assert_nothing_left()
+
+
+# Sebulba on the slice's 4 devices per host: one acts (envpool CartPole on the host's
+# CPU threads), three learn, over both workers; actors wait for each update.
+SEBULBA = ["--arch=sebulba", "--algo=ppo", "--env=CartPole-v1", "--num-envs=24", "--rollout-len=16",
+           "--total-steps=3072", "--synchronous", "--seed=5", "--cpu-devices=4"]
+
+
+def test_sebulba_with_envpool_trains_on_the_slice_to_its_summary(pod, gcs_bucket, capsys):
+    emulated, server = pod
+    status = main([f"--tpu={NAME}", *_flags(server), "--accelerator-type=v4-16",
+                   f"--bucket={BUCKET}", "--max-run-time=400", *SEBULBA])
+    out, err = capsys.readouterr()
+    outcome = Outcome(status, out, err, _run_dir(server.service) or "")
+
+    assert status == 0, _explain(outcome, emulated, gcs_bucket)
+    summary = json.loads(_bucket_text(gcs_bucket, outcome.run_dir, "summary.json"))
+    assert summary["processes"] == 2 and summary["env_steps"] >= 3072
+    assert summary["config"]["run"]["arch"] == "sebulba"
+    # One actor and three learner devices on each worker; one learner mesh over both.
+    assert (summary["actor_devices"], summary["learner_devices"]) == (2, 6)
+    prints = summary["params_fingerprints"]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    for index in range(2):
+        assert _bucket_text(gcs_bucket, outcome.run_dir, f"logs/worker-{index}.exit") == "0"
+    assert f"results in {outcome.run_dir}:" in outcome.out
     emulated.assert_nothing_left()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from metadata_server import MetadataServer, worker_endpoints
+from systemd_run_standin import not_booted_with_systemd
 from podracer.provision import worker
 from podracer.provision.startup import (WorkerState, make_startup_script, parse_worker_state,
                                         worker_config)
@@ -40,10 +41,14 @@ def _config(flags, bucket="gs://no-such-bucket-here/run"):
 
 
 def _boot(tmp_path, script, metadata, storage_url) -> subprocess.CompletedProcess:
+    """The script run here, where `systemd-run` fails as it does on a machine not booted
+    with systemd: the script runs the worker itself (tests/test_provision_pod.py runs
+    it as a unit)."""
     home = tmp_path / "po dracer's home"  # a space and a quote: paths must be quoted too
+    bin_dir = not_booted_with_systemd(tmp_path / "bin")
     return subprocess.run(
         [BASH, "-c", script], cwd=tmp_path, timeout=60, capture_output=True, text=True,
-        env={"PATH": "/usr/bin:/bin:" + str(Path(shutil.which("python3")).parent),
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin:" + str(Path(shutil.which("python3")).parent),
              "HOME": str(tmp_path), "PODRACER_HOME": str(home),
              "GCE_METADATA_HOST": metadata.host, "STORAGE_EMULATOR_HOST": storage_url})
 
@@ -64,6 +69,7 @@ def test_hostile_flags_reach_the_worker_verbatim_and_nothing_escapes(tmp_path, g
     assert pwned == []
     # The bucket does not exist here: the worker cannot fetch the code, and says so.
     assert (done.returncode, state) == (1, "install-failed=1")
+    assert "the worker runs under this script" in done.stdout
     assert "cannot download the staged code" in (home / "worker.log").read_text()
     assert (home / "exit_code").read_text() == "1"
 

@@ -22,6 +22,7 @@ pytest.importorskip("google.cloud.tpu_v2", reason="needs the tpu extra")
 
 from emulated_pod import worker_environment  # noqa: E402
 from metadata_server import MetadataServer, worker_endpoints  # noqa: E402
+from systemd_run_standin import not_booted_with_systemd  # noqa: E402
 from tpu_server import FakeTpuService, TpuServer  # noqa: E402
 
 from podracer.provision import api_requests, staging  # noqa: E402
@@ -50,7 +51,9 @@ def launched(gcs_bucket, tmp_path_factory):
 
 
 def _boot(script: str, home, metadata: MetadataServer, offline: dict, timeout=420):
+    """The script in the foreground: `systemd-run` fails, so it runs the worker itself."""
     env = {**worker_environment(offline), "PODRACER_HOME": str(home), "GCE_METADATA_HOST": metadata.host}
+    env["PATH"] = os.pathsep.join([not_booted_with_systemd(home.parent / "no-systemd"), env["PATH"]])
     return subprocess.run(["bash", "-c", script], env=env, cwd=home, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -11,6 +11,19 @@ which the provisioner reads with `GetGuestAttributes`, and copies its log to
 
 Both files go in quoted heredocs, which the shell does not expand; the
 configuration is one line of JSON, so no value can end its heredoc early.
+
+Training runs as a systemd unit of its own (`podracer-worker`), not as a child of
+the script. The guest agent runs startup scripts in a oneshot service with
+`KillMode=process`: at shutdown (a preemption, a stop, a maintenance event)
+systemd sends SIGTERM to the script runner alone, and whatever the script started
+is killed only at the very end, after the network is down, with no chance to save.
+systemd stops units in the reverse order of their start: a unit ordered
+`After=network-online.target` is stopped, with SIGTERM, before the network goes
+(systemd.special(7)); `KillMode=mixed` sends that SIGTERM to the worker program
+alone (it passes it on to training, which saves a checkpoint) and SIGKILL to what
+is left after `TimeoutStopSec`. The unit gets the script's environment. Where
+`systemd-run` is missing or cannot start the unit (a machine not booted with
+systemd), the script runs the worker itself, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +40,9 @@ WORKER_HOME = "/opt/podracer"
 _WORKER_DELIMITER = "PODRACER_WORKER_EOF"
 _WORKER_IO_DELIMITER = "PODRACER_WORKER_IO_EOF"
 _CONFIG_DELIMITER = "PODRACER_CONFIG_EOF"
+WORKER_UNIT = "podracer-worker"
+# Time to save a checkpoint to Cloud Storage once stopped (a preemption gives 30 s in all).
+UNIT_STOP_TIMEOUT_S = 120
 
 
 def worker_config(run_dir: str, code_dir: str, files: dict[str, str], training_flags,
@@ -70,6 +86,22 @@ cat >"$home/worker.json" <<'{_CONFIG_DELIMITER}'
 {json.dumps(config, sort_keys=True)}
 {_CONFIG_DELIMITER}
 export PODRACER_HOME="$home"
+# Training as a unit of its own, which a shutdown stops with SIGTERM before the
+# network goes (the script runner's own children would be killed after it).
+if command -v systemd-run >/dev/null 2>&1; then
+  unit_environment=()
+  while IFS= read -r name; do
+    unit_environment+=("--setenv=$name=${{!name}}")
+  done < <(compgen -e)
+  if systemd-run --unit={WORKER_UNIT} --collect -p KillMode=mixed \\
+      -p TimeoutStopSec={UNIT_STOP_TIMEOUT_S} -p After=network-online.target \\
+      -p Wants=network-online.target -p StandardOutput=journal+console \\
+      -p StandardError=journal+console -p WorkingDirectory="$home" \\
+      "${{unit_environment[@]}}" "$(command -v python3)" "$home/worker.py" "$home/worker.json"; then
+    exit 0
+  fi
+  echo "podracer: systemd-run could not start unit {WORKER_UNIT}; the worker runs under this script"
+fi
 exec python3 "$home/worker.py" "$home/worker.json"
 """
 
