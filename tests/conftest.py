@@ -28,6 +28,18 @@ PYTHON = sys.executable
 GCS_BUCKET = "podracer-runs"
 
 
+def wait_for(predicate, timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Whether `predicate()` became true within `timeout_s`: a deadline to wait on, never a race."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return False
+
+
 @pytest.fixture(scope="module")
 def gcs_emulator(tmp_path_factory):
     """A local Cloud Storage emulator (`gcs_emulator.Emulator`) for one test module.

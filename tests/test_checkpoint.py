@@ -10,7 +10,7 @@ import numpy as np
 from podracer.session.checkpoint import restore_on_host
 import pytest
 
-from conftest import LAUNCHER, PYTHON
+from conftest import LAUNCHER, PYTHON, wait_for
 
 # Small, fast runs: 16 envs x 16 steps, one update per call, 40 calls.
 RUN = ["--num-envs=16", "--rollout-len=16", "--updates-per-call=1", "--total-steps=10240"]
@@ -50,14 +50,6 @@ def _assert_bitwise_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def _wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.001)
-    return False
-
 
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     # 120 updates and 15 saves: long enough that the kill below lands mid-run (an
@@ -71,7 +63,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     run_dir = tmp_path / "killed"
     proc = _start([*run, f"--run-dir={run_dir}"], tmp_path)
     # Killed as soon as its first checkpoint (of 15) is complete: mid-run, 28k steps from the end.
-    assert _wait_for(lambda: _steps(run_dir), 120), "no checkpoint appeared"
+    assert wait_for(lambda: _steps(run_dir), 120), "no checkpoint appeared"
     proc.kill()
     proc.wait(timeout=30)
     killed_at = _steps(run_dir)[-1]
@@ -97,7 +89,7 @@ def test_kill_during_a_save_keeps_the_last_good_checkpoint(tmp_path):
         return path.exists() and _steps(run_dir) and any(
             not name.isdigit() for name in os.listdir(path))
 
-    caught = _wait_for(saving, 120)
+    caught = wait_for(saving, 120, poll_s=0.001)
     proc.kill()
     proc.wait(timeout=30)
     assert caught, "never saw a save in progress"
@@ -114,7 +106,7 @@ def test_sigterm_saves_then_exits_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     args = [*RUN, "--total-steps=400000", "--checkpoint-every=0", f"--run-dir={run_dir}"]
     proc = _start(args, tmp_path)
-    assert _wait_for(lambda: (run_dir / "metrics.jsonl").exists()
+    assert wait_for(lambda: (run_dir / "metrics.jsonl").exists()
                      and (run_dir / "metrics.jsonl").stat().st_size > 0, 120)
     assert _steps(run_dir) == []  # periodic saves are off: only the signal saves
     sent = time.monotonic()

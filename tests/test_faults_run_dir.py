@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import GCS_BUCKET, LAUNCHER, PYTHON
+from conftest import GCS_BUCKET, LAUNCHER, PYTHON, wait_for
 
 # Small, fast runs: 16 envs x 16 steps, one update per call.
 RUN = ["--num-envs=16", "--rollout-len=16", "--updates-per-call=1"]
@@ -30,14 +30,6 @@ def _start(args, cwd=None):
     return subprocess.Popen([PYTHON, LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=cwd, env=dict(os.environ))
 
-
-def _wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _steps(run_dir):
@@ -69,7 +61,7 @@ def test_a_second_run_on_a_training_run_dir_is_refused_naming_the_holder(tmp_pat
     first = _start([*RUN, "--total-steps=50000000", "--checkpoint-every=4096"], cwd=tmp_path)
     try:
         runs = tmp_path / "runs"
-        assert _wait_for(lambda: (runs / "latest").exists() and _steps(runs / "latest"), 120), "no checkpoint"
+        assert wait_for(lambda: (runs / "latest").exists() and _steps(runs / "latest"), 120), "no checkpoint"
         run_dir = (runs / "latest").resolve()
         latest = os.readlink(runs / "latest")
         second = _launch([*RUN, "--total-steps=50000000", f"--run-dir={run_dir}"], cwd=tmp_path)
@@ -208,7 +200,7 @@ def test_sigterm_ends_a_run_whose_save_is_blocked(gcs_emulator, gcs_bucket):
     proc = _start([*RUN, "--total-steps=50000000", "--checkpoint-every=2048", "--stop-timeout-s=3",
                    f"--run-dir={run_dir}"])
     try:
-        assert _wait_for(lambda: gcs_bucket.get_blob("blocked/metrics.jsonl") is not None, 120)
+        assert wait_for(lambda: gcs_bucket.get_blob("blocked/metrics.jsonl") is not None, 120)
         os.kill(gcs_emulator.pid, signal.SIGSTOP)
         time.sleep(2)  # a save starts every few milliseconds of training: one is waiting now
         sent = time.monotonic()

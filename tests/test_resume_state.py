@@ -5,13 +5,12 @@ checkpoint appears, and the test checks the process died of the kill, not of fin
 import os
 import signal
 import subprocess
-import time
 
 import jax
 import numpy as np
 import pytest
 
-from conftest import LAUNCHER, PYTHON
+from conftest import LAUNCHER, PYTHON, wait_for
 from podracer.orchestrate.parse import parse_configs
 from podracer.session.checkpoint import checkpoint_steps, restore_on_host
 from podracer.session.session import RunSession
@@ -22,14 +21,6 @@ RUN = ["--num-envs=16", "--rollout-len=16", "--updates-per-call=1", "--checkpoin
        f"--total-steps={NEVER_ENDS}"]
 
 
-def _wait_for(predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
-
 
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory):
@@ -39,7 +30,7 @@ def killed_run(tmp_path_factory):
     proc = subprocess.Popen([PYTHON, LAUNCHER, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ))
     try:
-        appeared = _wait_for(lambda: checkpoint_steps(str(run_dir)), 180)
+        appeared = wait_for(lambda: checkpoint_steps(str(run_dir)), 180)
     finally:
         proc.kill()
         _, stderr = proc.communicate(timeout=60)
