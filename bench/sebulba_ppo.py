@@ -58,12 +58,12 @@ def configs_for(env_id: str, algo: str, total_steps: int | None, overrides: list
 def _layout(configs: dict):
     import jax
 
-    from podracer.actor_critic import actor_critic
+    from podracer.algorithms import algorithm
     from podracer.sebulba.config import make_layout, split_devices
 
     sebulba = configs["sebulba"]
     split = split_devices(sebulba, jax.local_devices())
-    return make_layout(sebulba, actor_critic(configs)[1], split), split
+    return make_layout(sebulba, algorithm(configs)[1], split), split
 
 
 def env_ceiling(configs: dict, seconds: float) -> float:
@@ -127,7 +127,7 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
     import jax
     import numpy as np
 
-    from podracer.actor_critic import actor_critic
+    from podracer.algorithms import algorithm
     from podracer.networks import init_params, make_network
     from podracer.normalize import init_running_stats
     from podracer.sebulba.actor import make_policy_step
@@ -139,7 +139,7 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
     network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
     params = init_params(network, spec.obs_shape, spec.obs_dtype, jax.random.PRNGKey(0))
     stats = init_running_stats(spec.obs_shape)
-    policy_step = make_policy_step(network.apply, actor_critic(configs)[1])
+    policy_step = make_policy_step(network.apply, algorithm(configs)[1])
     rng = np.random.default_rng(0)
     obs = (rng.integers(0, 255, (layout.env_batch, *spec.obs_shape), dtype=np.uint8)
            if spec.obs_dtype == np.uint8 else rng.normal(size=(layout.env_batch, *spec.obs_shape)).astype(np.float32))

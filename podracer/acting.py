@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from podracer.networks import initial_carry
 from podracer.ppo import PPOConfig, make_act
 
 # act_fn(params, obs [B, ...], keys [B, 2]) -> (action [B, ...], log_prob [B], ...)
@@ -98,3 +99,24 @@ def make_es_act(es_config, net, spec) -> Callable:
         return jax.vmap(lambda o: policy.apply(params, o))(obs)
 
     return act
+
+
+class RecurrentPolicy:
+    """A recurrent run's policy: `act(obs, key, carry, reset=None) -> (actions, carry)`, pure and jittable.
+
+    `carry` is the policy's state before `obs` (start from `initial_carry(B)`);
+    `reset` ([B] bool, optional) zeroes it first where an episode starts at
+    `obs`. Pass the returned carry to the next call.
+    """
+
+    def __init__(self, network, act_batch: Callable, params, obs_stats: RunningStats):
+        self._network, self._act, self._params, self._obs_stats = network, act_batch, params, obs_stats
+
+    def initial_carry(self, batch_size: int):
+        return initial_carry(self._network, batch_size)
+
+    def __call__(self, obs: jax.Array, key: jax.Array, carry, reset: jax.Array | None = None):
+        keys = jax.random.split(key, obs.shape[0])
+        reset = jnp.zeros(obs.shape[:1], bool) if reset is None else reset
+        action, _, _, carry = self._act(self._params, self._obs_stats, obs, keys, carry, reset)
+        return action, carry

@@ -14,27 +14,23 @@ from typing import Any
 
 import optax
 
+from podracer.algorithms import ALGORITHMS
 from podracer.bounds import NON_NEGATIVE, POSITIVE, SEED, bounded, check_bounds
 from podracer.errors import PodracerError
 
 INT32_MAX = 2**31 - 1
 
 ARCHS = ("anakin", "sebulba")
-ALGOS = ("ppo", "impala", "es")
+ALGOS = (*ALGORITHMS, "es")
+_EVERY_RUN = ("optimizer", "network", "checkpoint", "distributed", "logging", "data")
 
 # The sections each (architecture, algorithm) reads, and the fields of those
 # sections it does not: a flag that no section of the pair reads is refused, so
-# nothing is silently ignored.
+# nothing is silently ignored. Only Anakin runs populations.
 USES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("anakin", "ppo"): ("run", "ppo", "anakin", "optimizer", "network", "checkpoint", "distributed",
-                        "logging", "data", "population"),
-    ("anakin", "impala"): ("run", "impala", "anakin", "optimizer", "network", "checkpoint", "distributed",
-                           "logging", "data", "population"),
+    **{(arch, name): ("run", name, arch, *_EVERY_RUN, *(("population",) if arch == "anakin" else ()))
+       for name, algo in ALGORITHMS.items() for arch in algo.archs},
     ("anakin", "es"): ("run", "es", "network", "checkpoint", "distributed", "logging", "data", "population"),
-    ("sebulba", "ppo"): ("run", "ppo", "sebulba", "optimizer", "network", "checkpoint", "distributed",
-                         "logging", "data"),
-    ("sebulba", "impala"): ("run", "impala", "sebulba", "optimizer", "network", "checkpoint",
-                            "distributed", "logging", "data"),
     ("sebulba", "es"): ("run", "es", "sebulba", "network", "checkpoint", "distributed", "logging",
                         "data"),
 }
@@ -43,8 +39,11 @@ _NO_CLONING = {name: "behaviour cloning trains a PPO policy; ES starts from its 
                for name in ("init_from_dataset", "bc_steps", "bc_batch_size", "bc_lr", "bc_value_coef")}
 _ES_DATA = {**_NO_CLONING,
             "record_deterministic": "an ES policy acts deterministically: its datasets already are"}
+_NOT_AN_ACTOR_CRITIC = {name: "behaviour cloning trains an actor-critic (--algo=ppo or impala)"
+                        for name in _NO_CLONING}
 IGNORES: dict[tuple[str, str], dict[str, str]] = {
     # field -> why, for fields of a section the pair reads that it has no use for
+    **{pair: _NOT_AN_ACTOR_CRITIC for pair in USES if pair[1] in ALGORITHMS and not ALGORITHMS[pair[1]].clones},
     ("anakin", "es"): _ES_DATA,
     ("sebulba", "es"): {
         "num_envs": "the population sets the environments (one per member episode)",
@@ -70,7 +69,7 @@ class RunConfig:
     arch: str = "anakin"
     """Architecture: anakin (env and learner on the accelerator) or sebulba (envs on host CPU)."""
     algo: str = "ppo"
-    """Algorithm: ppo, impala (V-trace actor-critic) or es."""
+    """Algorithm: ppo, impala (V-trace actor-critic), es, or another of `podracer.algorithms.ALGORITHMS`."""
     env: str = "CartPole-v1"
     """Environment id. anakin: gymnax ids (CartPole-v1) or a JAX suite as SUITE:ID (brax:inverted_pendulum, brax:fast, brax:NAME:BACKEND; jumanji:Snake-v1; craftax:Craftax-Classic-Symbolic-v1; navix:Navix-Empty-5x5-v0), each suite an extra: pip install -e ".[brax]" and so on. sebulba: envpool ids (Pong-v5), gymnasium:ID (gymnasium.make_vec) or py:MODULE:FUNCTION (FUNCTION(num_envs) returns a Gymnasium VectorEnv)."""
     seed: int = bounded(0, SEED)

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from podracer.session import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                          restore_on_host)
-from podracer.acting import make_es_act
+from podracer.acting import RecurrentPolicy, make_es_act  # noqa: F401 (RecurrentPolicy: load_policy's)
+from podracer.algorithms import ALGORITHMS
 from podracer.bounds import POSITIVE, SEED, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
@@ -46,65 +47,20 @@ def env_spec_of(arch: str, env_id: str):
     return make_env(env_id).spec
 
 
+def _tuples(section: dict[str, Any]) -> dict[str, Any]:
+    """A saved config section's fields, its lists (JSON's tuples) as tuples again."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
+
+
 def _network_config(configs: dict[str, Any]):
     from podracer.config import NetworkConfig
 
-    return NetworkConfig(**{k: tuple(v) if isinstance(v, list) else v
-                            for k, v in configs["network"].items()})
+    return NetworkConfig(**_tuples(configs["network"]))
 
 
 def _stats(saved: dict[str, Any]) -> RunningStats:
     """Observation statistics from a checkpoint's dict (`count`, `mean`, `sum_squared_deviations`)."""
     return RunningStats(**{k: jnp.asarray(v) for k, v in saved.items()})
-
-
-class RecurrentPolicy:
-    """A recurrent run's policy: `act(obs, key, carry, reset=None) -> (actions, carry)`, pure and jittable.
-
-    `carry` is the policy's state before `obs` (start from `initial_carry(B)`);
-    `reset` ([B] bool, optional) zeroes it first where an episode starts at
-    `obs`. Pass the returned carry to the next call.
-    """
-
-    def __init__(self, network, act_batch: Callable, params, obs_stats: RunningStats):
-        self._network, self._act, self._params, self._obs_stats = network, act_batch, params, obs_stats
-
-    def initial_carry(self, batch_size: int):
-        from podracer.networks import initial_carry
-
-        return initial_carry(self._network, batch_size)
-
-    def __call__(self, obs: jax.Array, key: jax.Array, carry, reset: jax.Array | None = None):
-        keys = jax.random.split(key, obs.shape[0])
-        reset = jnp.zeros(obs.shape[:1], bool) if reset is None else reset
-        action, _, _, carry = self._act(self._params, self._obs_stats, obs, keys, carry, reset)
-        return action, carry
-
-
-def _ppo_policy(configs: dict[str, Any], spec, state: dict[str, Any], deterministic: bool,
-                algo: str = "ppo") -> Callable:
-    """An actor-critic's policy: PPO's, or IMPALA's (the same network and acting function)."""
-    from podracer.networks import is_recurrent, make_network
-    from podracer.ppo import PPOConfig, make_act
-    from podracer.vtrace import ImpalaConfig
-
-    ppo_config = {"ppo": PPOConfig, "impala": ImpalaConfig}[algo](**configs[algo])
-    net = _network_config(configs)
-    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
-                           network=net.network, action_mask=spec.action_mask)
-    params = jax.tree.map(jnp.asarray, state["train"]["params"])
-    obs_stats = _stats(state["train"]["obs_stats"])
-    if is_recurrent(network):
-        return RecurrentPolicy(network, make_act(network.apply, ppo_config, deterministic, recurrent=True),
-                               params, obs_stats)
-    act_batch = make_act(network.apply, ppo_config, deterministic)
-
-    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
-        """Actions for a batch of observations [B, ...]."""
-        keys = jax.random.split(key, obs.shape[0])
-        return act_batch(params, obs_stats, obs, keys)[0]
-
-    return act
 
 
 def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -> Callable:
@@ -158,8 +114,10 @@ def load_policy(run_dir: str, deterministic: bool = False, agent: int | None = N
     state = select_agent(run_dir, configs, state, agent)
     arch, algo = configs["run"]["arch"], configs["run"]["algo"]
     spec = env_spec_of(arch, configs["run"]["env"])
-    if algo in ("ppo", "impala"):
-        return _ppo_policy(configs, spec, state, deterministic, algo)
+    if algo in ALGORITHMS:
+        entry = ALGORITHMS[algo]
+        network = entry.make_network(spec, _network_config(configs))
+        return entry.load_policy(network, entry.config(**_tuples(configs[algo])), state["train"], deterministic)
     if algo == "es":  # one checkpoint layout for ES on both architectures
         return _es_policy(configs, spec, state["strategy"]["mean"], state["obs_stats"])
     raise PodracerError(f"{run_dir} was made by --arch={arch} --algo={algo}, which load_policy "

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from podracer.algorithms import ALGORITHMS
 from podracer.bounds import POSITIVE, SEED, bounded, check_bounds
 from podracer.errors import PodracerError
 
@@ -50,12 +51,9 @@ class PopulationConfig:
 # What can vary per agent inside one program, by algorithm: flag name -> (section, field).
 _OPTIMIZER = {"lr": ("optimizer", "lr"), "max_grad_norm": ("optimizer", "max_grad_norm"),
               "adam_eps": ("optimizer", "adam_eps")}
-_ACTOR_CRITIC = {"ent_coef", "vf_coef", "gamma"}
 SWEEPABLE: dict[str, dict[str, tuple[str, str]]] = {
-    "ppo": {**_OPTIMIZER, **{name: ("ppo", name) for name in
-                             sorted(_ACTOR_CRITIC | {"clip_eps", "gae_lambda"})}},
-    "impala": {**_OPTIMIZER, **{name: ("impala", name) for name in
-                                sorted(_ACTOR_CRITIC | {"vtrace_lambda", "rho_bar", "c_bar", "pg_rho_bar"})}},
+    **{name: {**_OPTIMIZER, **{field: (name, field) for field in algo.sweepable}}
+       for name, algo in ALGORITHMS.items()},
     "es": {"sigma": ("es", "sigma"), "es_lr": ("es", "es_lr"), "weight_decay": ("es", "weight_decay")},
 }
 

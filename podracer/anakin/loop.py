@@ -64,21 +64,24 @@ class AnakinLayout(NamedTuple):
     steps_per_update: int  # global env steps
 
 
-def make_layout(config: AnakinConfig, ppo_config: PPOConfig, num_devices: int,
+def make_layout(config: AnakinConfig, algo_config: Any, num_devices: int,
                 recurrent: bool = False, agents_sharded: bool = False) -> AnakinLayout:
     """Sizes on a mesh of `num_devices` (every process's); refuses, in one line, a split that cannot work.
 
-    `recurrent`: minibatches keep whole environment sequences. `agents_sharded`: a
-    population's agents are split over the devices, each agent's environments all on
-    its own device (`loop.make_programs`). The TPU preflight calls it
-    with a slice's device count before the slice exists.
+    `algo_config` is the agent's section (its `batch_problem`, and a recurrent
+    PPO's `sequence_problem`: minibatches keep whole environment sequences).
+    `agents_sharded`: a population's agents are split over the devices, each
+    agent's environments all on its own device (`loop.make_programs`). The TPU
+    preflight calls it with a slice's device count before the slice exists.
     """
     envs_per_device = config.num_envs if agents_sharded else parallel.split_evenly(
         config.num_envs, num_devices, "environments", "--num-envs")
-    multiple = ppo_config.minibatches * (1 if agents_sharded else num_devices)
-    fix = f"make --num-envs a multiple of {multiple} or lower --minibatches"
-    problem = (ppo_config.sequence_problem(envs_per_device, fix) if recurrent
-               else ppo_config.batch_problem(config.rollout_len, envs_per_device))
+    if recurrent:
+        multiple = algo_config.minibatches * (1 if agents_sharded else num_devices)
+        problem = algo_config.sequence_problem(
+            envs_per_device, f"make --num-envs a multiple of {multiple} or lower --minibatches")
+    else:
+        problem = algo_config.batch_problem(config.rollout_len, envs_per_device)
     if problem:
         raise PodracerError(problem)
     return AnakinLayout(num_devices, envs_per_device, config.num_envs * config.rollout_len)

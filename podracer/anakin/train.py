@@ -1,4 +1,4 @@
-"""Anakin PPO: what is its own (environment, network, the jitted act-learn program, its log row).
+"""Anakin for any agent: what is its own (environment, network, the jitted act-learn program, its log row).
 
 The host sequence (resume, run directory, logging, profile window, signals,
 checkpoints, dataset hooks, summary) is the run session's
@@ -19,12 +19,11 @@ from podracer.anakin.env import make_env
 from podracer.envs.spec import check_masked_inputs
 from podracer.anakin.loop import make_layout, make_programs
 from podracer.anakin.population import agent_inputs
-from podracer.actor_critic import actor_critic
+from podracer.algorithms import algorithm
 from podracer.anakin.profiled import NOTE, compile_agent_phases, make_profiled_train
 from podracer.config import make_optimizer
-from podracer.acting import ppo_policy
 from podracer import population
-from podracer.networks import is_recurrent, make_network
+from podracer.networks import is_recurrent
 from podracer.protocol import parallel
 from podracer.session.session import RunSession, placed_for
 
@@ -48,28 +47,27 @@ def _interval_metrics(metrics) -> dict:
 def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
     """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases.
 
-    The algorithm is an agent on the contract (`podracer.agent`); a population
+    The algorithm is an agent on the contract (`podracer.agent`), found in
+    `podracer.algorithms.ALGORITHMS` with its network and sizes; a population
     (`podracer.population`) is its program vmapped over the agents, each built
     with its swept settings, and its `init` ignores the key it is given (each
     agent has its own seed).
     """
     run, anakin = configs["run"], configs["anakin"]
-    algo, ppo_config = actor_critic(configs)
+    algo, algo_config = algorithm(configs)
     env = make_env(run.env)
+    algo.check_env(env.spec, run.env)
     mesh = parallel.make_mesh(devices)
     members = population.agents(configs)
     is_population = population.is_population(configs)
     sharded = population.check_agents(len(members), mesh.devices.size)
-    net = configs["network"]
-    check_masked_inputs(env.spec, ppo_config.normalize_observations)
-    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                           net.hidden, net.activation, network=net.network,
-                           action_mask=env.spec.action_mask)
-    layout = make_layout(anakin, ppo_config, mesh.devices.size, is_recurrent(network), sharded)
+    check_masked_inputs(env.spec, getattr(algo_config, "normalize_observations", False))
+    network = algo.make_network(env.spec, configs["network"])
+    layout = make_layout(anakin, algo_config, mesh.devices.size, is_recurrent(network), sharded)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     num_updates = num_calls * anakin.updates_per_call
-    optimizer_steps = num_updates * ppo_config.epochs * ppo_config.minibatches
+    optimizer_steps = num_updates * algo.optimizer_steps(algo_config)
 
     def agent_for(hparams, axis_names):
         agent = population.configs_for(configs, hparams)  # its swept settings: traced scalars
@@ -92,8 +90,8 @@ def _agent_rows(metrics, num_agents: int) -> list[dict]:
             for i in range(num_agents)]
 
 
-def train_actor_critic(configs: dict[str, Any], devices=None):
-    """Train PPO or IMPALA (`--algo`) with Anakin on `devices` (default: all); returns (summary, final runner).
+def train_agent(configs: dict[str, Any], devices=None):
+    """Train the agent of `--algo` (`podracer.algorithms`) with Anakin on `devices` (default: all); returns (summary, final runner).
 
     `configs` maps section names to config dataclasses, as
     `podracer.orchestrate.cli.parse_configs` returns them. A run directory with
@@ -104,15 +102,15 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     """
     session = RunSession(configs)
     run, updates_per_call = configs["run"], configs["anakin"].updates_per_call
-    algo, ppo_config = actor_critic(configs)
+    algo, algo_config = algorithm(configs)
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta, step, compile_s = open_with_programs(session, built, run.seed)
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = session.population_log(members) if population.is_population(configs) else None
-    if pop_log is None:
+    if pop_log is None and algo.clones:
         runner = runner._replace(train=session.warm_start(runner.train, built.env.spec, built.network,
-                                                          ppo_config))
+                                                          algo_config))
     if session.profiler:
         compile_start = time.perf_counter()
         train = make_profiled_train(*compile_agent_phases(*built.phases, runner), updates_per_call,
@@ -146,9 +144,9 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
         extra={"updates": outcome.calls * updates_per_call,
                **(session.population_summary(pop_log) if pop_log else {})},
         stopped=outcome.stopped,
-        policy=lambda: ppo_policy(outcome.runner.train, built.network.apply, ppo_config,
-                                  session.data.record_deterministic, algo.name))
+        policy=lambda: algo.policy(outcome.runner.train, built.network, algo_config,
+                                   session.data.record_deterministic))
     return summary, outcome.runner
 
 
-train_ppo = train_actor_critic  # PPO's name, from before IMPALA shared the driver
+train_actor_critic = train_ppo = train_agent  # the names from before every agent shared the driver

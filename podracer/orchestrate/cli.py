@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from podracer import config as run_config
+from podracer.algorithms import ALGORITHMS
 from podracer import population
 from podracer.errors import Interrupted, PodracerError
 from podracer.orchestrate.flags import flag_name
@@ -266,11 +267,11 @@ def train(**flags) -> dict:
 
 def _trainer(arch: str, algo: str):
     """`train(configs) -> (summary, final state)` for an architecture and algorithm."""
-    if arch == "anakin" and algo in ("ppo", "impala"):
-        from podracer.anakin.train import train_actor_critic
+    if arch == "anakin" and algo in ALGORITHMS:
+        from podracer.anakin.train import train_agent
 
-        return train_actor_critic
-    if arch == "sebulba" and algo in ("ppo", "impala"):
+        return train_agent
+    if arch == "sebulba" and algo in ALGORITHMS and "sebulba" in ALGORITHMS[algo].archs:
         from podracer.sebulba.train import train_actor_critic
 
         return train_actor_critic
@@ -282,8 +283,9 @@ def _trainer(arch: str, algo: str):
         from podracer.sebulba.train_es import train_es
 
         return train_es
-    raise PodracerError(f"--arch={arch} --algo={algo} is not available; "
-                        f"use --arch=anakin or --arch=sebulba with --algo=ppo, impala or es")
+    runs_on = [name for name, entry in ALGORITHMS.items() if arch in entry.archs] + ["es"]
+    raise PodracerError(f"--arch={arch} --algo={algo} is not available; use --algo="
+                        f"{' or --algo='.join(runs_on)} with --arch={arch}, or --arch=anakin")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

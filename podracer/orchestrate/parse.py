@@ -17,13 +17,12 @@ from typing import Any, NamedTuple, Sequence
 
 from podracer import config as run_config
 from podracer.anakin.loop import AnakinConfig
+from podracer.algorithms import ALGORITHMS
 from podracer.data.config import DataConfig
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig
 from podracer.orchestrate.distributed import DistConfig
 from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
-from podracer.ppo.config import PPOConfig
-from podracer.vtrace.config import ImpalaConfig
 from podracer import population
 from podracer.population import PopulationConfig
 from podracer.presets import preset_for
@@ -35,8 +34,7 @@ from podracer.session.run_dir import new_run_name
 # Every config class the command line fills, by the name its section has in --help.
 SECTIONS: dict[str, type] = {
     "run": run_config.RunConfig,
-    "ppo": PPOConfig,
-    "impala": ImpalaConfig,
+    **{name: algo.config for name, algo in ALGORITHMS.items()},
     "es": ESConfig,
     "anakin": AnakinConfig,
     "sebulba": SebulbaConfig,

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from podracer.acting import ppo_policy
-from podracer.actor_critic import actor_critic
+from podracer.algorithms import algorithm
 from podracer.config import make_optimizer
 from podracer.envs.spec import check_masked_inputs
 from podracer.networks import carry_width, init_params, is_recurrent, make_network
@@ -68,7 +68,7 @@ def _column_shapes(spec, rollout_len: int) -> Transition:
 def build(configs: dict[str, Any], devices=None) -> Setup:
     """Check the configs against the devices, then build and compile the learner."""
     run, sebulba = configs["run"], configs["sebulba"]
-    algo, ppo_config = actor_critic(configs)
+    algo, ppo_config = algorithm(configs)
     optim, net = configs["optimizer"], configs["network"]
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
@@ -122,7 +122,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     """
     session = RunSession(configs)
     run, sebulba = configs["run"], configs["sebulba"]
-    algo, ppo_config = actor_critic(configs)
+    algo, ppo_config = algorithm(configs)
     setup = build(configs, devices)
     layout, split, steps = setup.layout, setup.split, setup.layout.steps_per_update
     actor_key, learner_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(run.seed), 1))
