@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import ppo, vtrace
+from podracer import dqn, ppo, vtrace
 from podracer.acting import RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
@@ -91,6 +91,10 @@ def _load_actor_critic(network, config, saved, deterministic: bool) -> Callable:
     return act
 
 
+def _q_network(spec, net):
+    return dqn.make_q_network(spec.obs_shape, spec.action_dim, net.hidden, net.activation, spec.action_mask)
+
+
 _ACTOR_CRITIC_SWEEPABLE = ("ent_coef", "gamma", "vf_coef")
 _epochs_times_minibatches = lambda config: config.epochs * config.minibatches
 
@@ -105,6 +109,9 @@ ALGORITHMS: dict[str, Algorithm] = {
         _epochs_times_minibatches, _actor_critic_policy("impala"), _load_actor_critic,
         tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("c_bar", "pg_rho_bar", "rho_bar", "vtrace_lambda"))),
         vtrace.IMPALA_FIX, make_update=vtrace.make_update, clones=True),
+    "dqn": Algorithm(
+        "dqn", dqn.DQNConfig, ("anakin",), _q_network, dqn.make_agent, lambda config: config.updates_per_rollout,
+        dqn.policy, dqn.load_policy, ("epsilon_end", "gamma", "tau"), dqn.DQN_FIX, actions=("discrete",)),
 }
 
 
