@@ -23,6 +23,7 @@ from podracer import replay
 from podracer.dqn.config import DQNConfig
 from podracer.dqn.targets import NStep, double_q_targets, td_loss
 from podracer.errors import PodracerError
+from podracer.protocol import parallel
 
 QFn = Callable[[Any, jax.Array], jax.Array]  # q_fn(params, obs [N, ...]) -> Q-values [N, A]
 
@@ -93,7 +94,8 @@ def make_update(q_fn: QFn, optimizer: optax.GradientTransformation, config: DQNC
             if problem:
                 raise PodracerError(problem)
         batch = replay.device_share(buffer.sample(state.buffer, key).experience, axes)
-        (loss, q_mean), grads = grad_fn(state.params, state.target_params, batch)
+        # Each device's gradient its own (`parallel.vary`), averaged explicitly below.
+        (loss, q_mean), grads = grad_fn(parallel.vary(state.params, axes), state.target_params, batch)
         grads, loss, q_mean = mean((grads, loss, q_mean))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
