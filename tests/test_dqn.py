@@ -88,3 +88,17 @@ def test_epsilon_decays_linearly_over_its_updates():
     config = dqn.DQNConfig(epsilon_start=1.0, epsilon_end=0.1, epsilon_decay=10)
     got = [float(dqn.epsilon(config, jnp.asarray(s))) for s in (0, 5, 10, 20)]
     np.testing.assert_allclose(got, [1.0, 0.55, 0.1, 0.1], rtol=1e-6)
+
+
+def test_the_manuals_own_update_snippet_runs_and_learns():
+    import re
+
+    from conftest import REPO_ROOT
+
+    text = open(f"{REPO_ROOT}/docs/dqn.md").read()
+    source = re.search(r"<!-- snippet: own-update -->\s*```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(source, "docs/dqn.md", "exec"), namespace)
+    state, metrics = namespace["state"], namespace["metrics"]
+    assert float(metrics["learning"]) == 1 and float(metrics["loss"]) > 0
+    assert int(state.gradient_steps) == 1 and int(state.step) == 1
