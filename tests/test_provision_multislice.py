@@ -5,6 +5,7 @@ metadata server, and the data axis's device order. The run itself, on an emulate
 pod of 2 slices x 2 workers, is in tests/test_provision_pod.py (`multislice`)."""
 
 import json
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -154,6 +155,25 @@ def test_down_deletes_every_slice_with_the_queued_resource(cli, service):
     assert service.nodes == {} and service.queued == {}
 
 
+def test_list_shows_a_waiting_multislice_once_and_an_active_one_by_its_slices():
+    from google.cloud import tpu_v2
+
+    from podracer.provision.report import list_table
+
+    def multislice(name, state):
+        return tpu_v2.QueuedResource(name=f"{PARENT}/queuedResources/{name}", tpu={"node_spec": [{
+            "multislice_params": {"node_count": 2}, "node": {"accelerator_type": "v4-16"}}]},
+            state={"state": state})
+
+    nodes = [tpu_v2.Node(name=f"{PARENT}/nodes/a-{index}", accelerator_type="v4-16",
+                         state=NodeState.READY, runtime_version="img",
+                         queued_resource=f"{PARENT}/queuedResources/a") for index in range(2)]
+    table = list_table(nodes, [multislice("a", tpu_v2.QueuedResourceState.State.ACTIVE),
+                               multislice("b", tpu_v2.QueuedResourceState.State.WAITING_FOR_RESOURCES)])
+    assert [row.split()[0] for row in table[1:]] == ["a-0", "a-1", "b"]
+    assert "2 x v4-16" in table[3]
+
+
 # -- the worker ------------------------------------------------------------------------
 
 
@@ -178,6 +198,30 @@ def test_each_worker_joins_one_run_numbered_slice_by_slice(tmp_path, monkeypatch
                                 "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(slice_id),
                                 "MEGASCALE_PORT": "8080"}
     assert joined.log_url == f"gs://b/run/logs/worker-{2 * slice_id + worker}.log"
+
+
+def test_training_gets_the_multislice_variables_libtpu_reads(tmp_path, monkeypatch):
+    """The worker's training process, for real: a stand-in launcher records what it got."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text("import json, os, sys\n"
+                        "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items()"
+                        " if k.startswith('MEGASCALE_')}}, open('got.json', 'w'))\n")
+    attributes = {"agent-worker-number": "1", "tpu-env": multislice_tpu_env("10.0.0.2", 2, 1),
+                  "worker-network-endpoints": worker_endpoints(["10.0.1.2", "10.0.1.3"])}
+    with MetadataServer(attributes) as metadata:
+        monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
+        monkeypatch.setenv("PODRACER_COORDINATOR_PORT", "9999")
+        config = {"run_dir": "gs://b/run", "training_flags": [], "num_slices": 2,
+                  "peer_poll_s": 600}  # the stand-in ends long before the worker looks at peers
+        status = Worker(config, str(tmp_path))._train_once({"launcher": str(launcher)}, attempt=0)
+
+    assert status == 0
+    got = json.loads((tmp_path / "run" / "got.json").read_text())
+    assert got["argv"][-3:] == ["--coordinator=10.0.0.2:9999", "--num-processes=4", "--process-id=3"]
+    assert got["env"] == {"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8080", "MEGASCALE_NUM_SLICES": "2",
+                          "MEGASCALE_SLICE_ID": "1", "MEGASCALE_PORT": "8080"}
 
 
 @pytest.mark.parametrize("tpu_env, fragment", [
