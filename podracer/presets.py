@@ -62,6 +62,9 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # SAC: small networks and many gradient steps per rollout (32 per 64 transitions). Mean
     # return about -150 after 10-16k steps, about 10 s of training on a 2-core CPU.
     ("anakin", "sac", "Pendulum-v1"): _SAC_SMALL,
+    # The spring backend's pole: untrained it stays up about 20 steps, after 10-20k steps
+    # of SAC about 60 (PPO's figure too, tests/test_suites_learn.py).
+    ("anakin", "sac", "brax:inverted_pendulum"): _SAC_SMALL,
     # OpenAI-ES, 64 members: the mean parameters reach 500 within about 15
     # generations; 50 generations take a few seconds after a few seconds' compile.
     ("anakin", "es", "CartPole-v1"): {"generations_per_call": 5, "total_steps": 1_600_000},

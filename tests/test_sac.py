@@ -113,3 +113,26 @@ def test_one_and_eight_devices_train_the_same_agent():
     assert any(not np.array_equal(a, b) for a, b in zip(start, _leaves(one.train.params)))
     for a, b in zip(_leaves(one.train), _leaves(eight.train)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+REFUSED = {
+    "a discrete environment": (["--env=CartPole-v1"], "acts in continuous action spaces"),
+    "a buffer smaller than a batch": (["--buffer-size=64", "--batch-size=128"], "smaller than one batch"),
+    "no Polyak step": (["--tau=0"], "--tau must be in (0, 1]"),
+    "a Polyak step past a copy": (["--tau=1.5"], "--tau must be in (0, 1]"),
+    "a batch that does not split over the devices": (["--batch-size=12"], "multiple of 8"),  # conftest's 8
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_bad_input_is_one_line_exit_2_before_compiling(name, tmp_path, capsys):
+    from podracer.command import main
+
+    flags, words = REFUSED[name]
+    run_dir = tmp_path / "run"
+    code = main(["--algo=sac", "--env=Pendulum-v1", *flags, f"--run-dir={run_dir}"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+    # The device split is found as the program is traced (as the layout's own checks are, once the
+    # devices are known): before XLA compiles anything, after the line that announces it.
+    assert ("compiling" not in out or "split over" in err) and not (run_dir / "checkpoints").exists()
