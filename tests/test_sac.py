@@ -136,3 +136,18 @@ def test_bad_input_is_one_line_exit_2_before_compiling(name, tmp_path, capsys):
     # The device split is found as the program is traced (as the layout's own checks are, once the
     # devices are known): before XLA compiles anything, after the line that announces it.
     assert ("compiling" not in out or "split over" in err) and not (run_dir / "checkpoints").exists()
+
+
+def test_the_docs_own_update_snippet_takes_one_step():
+    import re
+
+    from conftest import REPO_ROOT
+
+    text = open(f"{REPO_ROOT}/docs/sac.md").read()
+    source = re.search(r"<!-- snippet: own-update -->\s*```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(source, "docs/sac.md", "exec"), namespace)
+    state, metrics = namespace["state"], namespace["metrics"]
+    assert int(state.step) == 1 and all(np.isfinite(float(v)) for v in metrics.values())
+    assert not np.array_equal(np.asarray(jax.tree.leaves(state.params.critic)[0]),
+                              np.asarray(jax.tree.leaves(state.params.target_critic)[0]))  # the target trails the critic by tau
