@@ -131,19 +131,19 @@ def _explain(outcome: Outcome, pod, bucket) -> str:
     return "\n".join(texts)
 
 
-def _assert_finished(outcome: Outcome, pod, bucket, processes: int = 2) -> dict:
+def _assert_finished(outcome: Outcome, pod, bucket, processes: int = 2, steps: int = STEPS) -> dict:
     """The run ended well: its summary (read back from the bucket), every worker's exit 0."""
     assert outcome.status == 0, _explain(outcome, pod, bucket)
     summary = json.loads(_bucket_text(bucket, outcome.run_dir, "summary.json"))
-    assert summary["env_steps"] == STEPS and summary["processes"] == processes
+    assert summary["env_steps"] == steps and summary["processes"] == processes
     for index in range(processes):
         assert _bucket_text(bucket, outcome.run_dir, f"logs/worker-{index}.exit") == "0"
     return summary
 
 
-def _final_state(run_dir: str) -> list[np.ndarray]:
+def _final_state(run_dir: str, steps: int = STEPS) -> list[np.ndarray]:
     """Every leaf of the run's last checkpoint (parameters, optimizer, environments, key)."""
-    assert checkpoint_steps(run_dir)[-1] == STEPS
+    assert checkpoint_steps(run_dir)[-1] == steps
     _, state = read_run(run_dir)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
 
@@ -372,8 +372,12 @@ def test_sebulba_with_envpool_trains_on_the_slice_to_its_summary(pod, gcs_bucket
 
 
 # Two slices of 2 workers (a queued resource's nodes pod-0 and pod-1), each worker one
-# process of the run: 16 environments split over the preflight's 2 x v4-16 (16 devices).
-MULTISLICE = [flag if not flag.startswith("--num-envs=") else "--num-envs=16" for flag in TRAINING]
+# process of the run: 16 environments split over the preflight's 2 x v4-16 (16 devices);
+# 4 updates, a checkpoint after the second.
+MULTISLICE_STEPS = 4096
+MULTISLICE = ["--arch=anakin", "--algo=ppo", "--env=CartPole-v1", f"--total-steps={MULTISLICE_STEPS}",
+              "--num-envs=16", "--rollout-len=64", "--updates-per-call=1",
+              f"--checkpoint-every={CHECKPOINT_EVERY}"]
 
 
 def test_multislice_two_slices_train_as_one_run_restart_together_after_one_is_preempted_and_match_one_process(
@@ -393,11 +397,11 @@ def test_multislice_two_slices_train_as_one_run_restart_together_after_one_is_pr
     out, err = capsys.readouterr()
     outcome = Outcome(status, out, err, _run_dir(server.service) or "")
 
-    summary = _assert_finished(outcome, emulated, gcs_bucket, processes=4)
+    summary = _assert_finished(outcome, emulated, gcs_bucket, processes=4, steps=MULTISLICE_STEPS)
     assert summary["devices"] == 4
     (create, again) = server.service.requests_of("CreateQueuedResource")
     assert create.queued_resource.tpu.node_spec[0].multislice_params.node_count == 2
-    assert preempted and preempted[0][-1] < STEPS, preempted
+    assert preempted and preempted[0][-1] < MULTISLICE_STEPS, preempted
     assert f"TPU {NAME}-1 was PREEMPTED during the run; restart 1 of 1" in out, out
     # Every worker of the new slices resumed from the bucket's checkpoint, as process
     # 2 x slice + worker, joined to worker 0 of slice 0.
@@ -405,13 +409,14 @@ def test_multislice_two_slices_train_as_one_run_restart_together_after_one_is_pr
     for index, log in enumerate(logs):
         assert f"--num-processes=4 --process-id={index}" in log, log[-2000:]
     resumed = re.search(r"from env step ([\d,]+)", logs[0])
-    assert resumed and 0 < int(resumed[1].replace(",", "")) < STEPS, logs[0][-2000:]
+    assert resumed and 0 < int(resumed[1].replace(",", "")) < MULTISLICE_STEPS, logs[0][-2000:]
 
     one = tmp_path / "one"
     alone = subprocess.run([sys.executable, str(REPO / "launch" / "tpu.py"), *MULTISLICE,
                             "--cpu-devices=4", f"--run-dir={one}"], cwd=REPO, capture_output=True,
                            text=True, timeout=400, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert alone.returncode == 0, alone.stderr[-2000:]
-    for got, want in zip(_final_state(outcome.run_dir), _final_state(str(one)), strict=True):
+    for got, want in zip(_final_state(outcome.run_dir, MULTISLICE_STEPS),
+                         _final_state(str(one), MULTISLICE_STEPS), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
     emulated.assert_nothing_left()
