@@ -337,7 +337,7 @@ class RunLogger:
             width = max(len(key) for key in summary)
             self.stream.write("summary\n" + "".join(
                 f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()
-                if key not in ("profile", "config", "agents", "settings_ranked")))
+                if key not in ("profile", "config", "agents", "settings_ranked", "pbt")))
             if summary.get("settings_ranked"):
                 from podracer.population import format_ranking
 
