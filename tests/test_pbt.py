@@ -94,20 +94,24 @@ def test_ranking_happens_when_an_interval_ends_and_counts_the_episodes_since_the
     assert int(state.updates[0]) == 10
 
 
+# 4 sampled settings x 2 seeds; half the copies' settings are drawn anew from the distributions.
 PBT_SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--hidden", "16", "16",
-             "--num-seeds=2", "--sweep", "lr=1e-6,2e-6,3e-3,5e-3", "--pbt", "--pbt-interval=2",
-             "--pbt-fraction=0.5", "--pbt-resample=0.5"]
+             "--num-seeds=2", "--sweep", "lr=loguniform:1e-4:1e-2", "--sweep", "ent-coef=uniform:0:0.02",
+             "--num-samples=4", "--pbt", "--pbt-interval=2", "--pbt-fraction=0.5", "--pbt-resample=0.5"]
 
 
 def _pbt_trajectory(devices, calls=4):
     configs = parse(PBT_SMALL).configs
     built = anakin_train.build(configs, devices)
     runner = built.init(jax.random.PRNGKey(configs["run"].seed))
+    drawn = np.asarray([[a.settings[name] for a in pop.agents(configs)] for name in ("ent_coef", "lr")],
+                       np.float32)
+    np.testing.assert_array_equal(np.stack(jax.device_get(jax.tree.leaves(runner.hparams))), drawn)
     donors, settings = [], []
     for _ in range(calls):
         runner, metrics = built.step(runner)
         donors.append(np.asarray(metrics["pbt_donor"])[-1])
-        settings.append(np.asarray(metrics["pbt_settings"]["lr"])[-1])
+        settings.append(np.stack([np.asarray(v)[-1] for v in jax.tree.leaves(metrics["pbt_settings"])]))
     return np.stack(donors), np.stack(settings), jax.device_get(runner.train.params)
 
 
