@@ -306,11 +306,15 @@ def ranked_settings(members: list[Agent], scores: Sequence[float | None]) -> lis
     return ranked
 
 
-def format_ranking(ranked: list[dict[str, Any]], what: str) -> str:
-    """The final table: settings ranked by the IQM of `what` over their seeds."""
+def format_ranking(ranked: list[dict[str, Any]], what: str, pbt: bool = False) -> str:
+    """The final table: settings ranked by the IQM of `what` over their seeds (with `pbt`, the
+    settings the agents started with, which PBT then changed)."""
     width = max(len("setting"), *(len(e["setting"]) for e in ranked))
     num = lambda v: f"{v:>9.2f}" if v is not None else f"{'-':>9}"
-    lines = [f"population ranked by the IQM of {what} over each setting's seeds (95% stratified bootstrap CI)",
+    started = (" by the settings they started with (PBT changed them: summary.json's pbt has each agent's "
+               "final settings)") if pbt else ""
+    lines = [f"population ranked by the IQM of {what} over each setting's seeds (95% stratified bootstrap CI)"
+             f"{started}",
              f"  rank  {'setting':<{width}}  seeds       mean        IQM  CI"]
     for e in ranked:
         ci = f"[{e['iqm_ci'][0]:.2f}, {e['iqm_ci'][1]:.2f}]" if e["iqm_ci"] else "-"

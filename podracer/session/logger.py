@@ -341,7 +341,8 @@ class RunLogger:
             if summary.get("settings_ranked"):
                 from podracer.population import format_ranking
 
-                self.stream.write(format_ranking(summary["settings_ranked"], summary["score_key"]))
+                self.stream.write(format_ranking(summary["settings_ranked"], summary["score_key"],
+                                                 pbt="pbt" in summary))
             if summary.get("profile"):
                 from podracer.session.profile import format_profile
 
