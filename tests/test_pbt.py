@@ -149,6 +149,7 @@ def test_sampled_sweeps_are_drawn_from_the_seed():
     (["--pbt", "--sweep", "lr=1e-3,3e-4", "--pbt-fraction=0.6"], "--pbt-fraction must be in (0, 0.5], got 0.6"),
     (["--pbt", "--sweep", "lr=1e-3,3e-4", "--pbt-fraction=0"], "--pbt-fraction must be in (0, 0.5], got 0.0"),
     (["--pbt", "--sweep", "lr=1e-3,3e-4", "--profile"], "--profile times acting and learning"),
+    (["--sweep", "lr=1e-3,3e-4", "--pbt-interval=4"], "--pbt-interval tunes population-based training, which is off"),
     (["--algo=es", "--pbt", "--sweep", "sigma=0.02,0.05"], "--pbt trains learning agents"),
     (["--sweep", "lr=uniform:1e-2:1e-4", "--num-samples=4"], "lr=uniform:0.01:0.0001 needs LOW < HIGH"),
     (["--sweep", "lr=loguniform:1e-3:1e-3", "--num-samples=4"], "needs LOW < HIGH"),
@@ -255,3 +256,16 @@ def test_a_pbt_run_resumes_bitwise(cartpole_runs, tmp_path):
     assert resumed["params_fingerprints"] == runs["pbt"]["params_fingerprints"]
     assert resumed["pbt"] == runs["pbt"]["pbt"]
     assert math.isclose(resumed["iqm"], runs["pbt"]["iqm"])
+
+
+def test_a_population_checkpointed_before_these_settings_existed_still_resumes():
+    from podracer.config import used_configs
+    from podracer.session.checkpoint import config_differences, config_record
+
+    current = config_record(used_configs(parse(["--num-seeds=2"]).configs))
+    saved = json.loads(json.dumps(current))
+    for name in ("num_samples", "pbt", "pbt_interval", "pbt_fraction", "pbt_perturb", "pbt_resample"):
+        del saved["population"][name]
+    assert config_differences(saved, current) == []
+    with_pbt = config_record(used_configs(parse(["--num-seeds=2", "--sweep", "lr=1e-3,3e-4", "--pbt"]).configs))
+    assert "--pbt (False saved, True now)" in config_differences(saved, with_pbt)
