@@ -226,7 +226,7 @@ def _with_agent_axis(specs, sharded: bool):
 class Programs(NamedTuple):
     """A run's jitted, sharded programs; `act` and `learn` together compute one update of `train`."""
 
-    init: Callable  # key -> runner (a population's: (keys [A], hparams) -> runner)
+    init: Callable  # key -> runner (a population's: (keys [A], hparams[, key with --pbt]) -> runner)
     train: Callable  # runner -> (runner, metrics [U, ...] (a population's [U, A, ...])); donates its input
     act: Callable  # runner -> (runner, experience): for `--profile`
     learn: Callable  # (agent state, experience) -> (agent state, metrics): for `--profile`
