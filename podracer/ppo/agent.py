@@ -84,5 +84,8 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: Any, sp
     def learn(state, batch, bootstrap_value, key, carry):
         return update(state, batch, bootstrap_value, key, *((carry,) if recurrent else ()))
 
+    # Acting reads the parameters and observation statistics; the optimizer state
+    # (twice the parameters' size with Adam) stays with the learner.
     return Agent(init, act, prepare, learn, Rollout(rollout_len), draw,
-                 lambda num_envs: initial_carry(network, num_envs))
+                 lambda num_envs: initial_carry(network, num_envs),
+                 acting_state=lambda state: state._replace(opt_state=()))
