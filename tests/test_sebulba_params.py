@@ -1,6 +1,6 @@
-"""Sebulba's actors act with the acting state of the version they report: a real actor thread,
-real envpool CartPole, and an agent of the contract (not an actor-critic) whose actions are
-known in advance."""
+"""Sebulba runs any agent of the contract: actors act with the acting state of the version they
+report, and the learner keeps what acting does not read. Real actor threads, real envpool
+CartPole, and agents (not actor-critics) whose actions are known in advance."""
 
 import queue
 import threading
@@ -14,6 +14,7 @@ from podracer.protocol import parallel
 from podracer.sebulba.actor import Actor, ActorSettings, make_acting, run_actor
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs
+from podracer.sebulba.learner import Learning, make_learn_step, run_learner
 from podracer.sebulba.params import ParamsStore
 from podracer.session.timing import Timings
 
@@ -62,3 +63,50 @@ def test_each_trajectory_is_acted_by_the_version_it_reports():
         control.stop.set()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def switching_agent(rollout_len: int) -> Agent:
+    """Acts `state["action"]` and switches it at every update; its state also keeps a buffer of
+    the mean action of every batch it learned from, which acting never reads."""
+
+    def init(key):
+        return {"action": jnp.int32(0), "buffer": jnp.full(4, -1.0), "updates": jnp.int32(0)}
+
+    def learn(state, batch, bootstrap, key, carry):
+        mean_action = jax.lax.pmean(batch["action"].mean(), parallel.DATA_AXIS)
+        buffer = state["buffer"].at[state["updates"]].set(mean_action)
+        return ({"action": 1 - state["action"], "buffer": buffer, "updates": state["updates"] + 1},
+                {"mean_action": mean_action})
+
+    agent = fixed_action_agent(rollout_len)
+    return agent._replace(init=init, learn=learn, acting_state=lambda state: {"action": state["action"]})
+
+
+def test_the_learner_keeps_the_state_acting_does_not_read_and_publishes_the_rest():
+    rollout_len, num_envs, updates = 8, 4, 3
+    agent = switching_agent(rollout_len)
+    devices = jax.devices()[:2]  # one actor device, one learner device
+    mesh = parallel.make_mesh(devices[1:])
+    state = jax.device_put(agent.init(None), parallel.replicated(mesh))
+    store, out, control, timings = ParamsStore(devices[:1]), queue.Queue(maxsize=1), Control(), Timings()
+    store.publish(agent.acting_state(state), 0)
+    envs = EnvPoolEnvs("CartPole-v1", num_envs, num_envs, 1, seed=0)
+    actor = Actor(0, envs, ActorSettings(rollout_len, synchronous=True), devices[0],
+                  make_acting(agent, agent.acting_state(state), envs.spec), store, out, mesh,
+                  jax.random.PRNGKey(1), control, timings)
+    thread = threading.Thread(target=run_actor, args=(actor,), daemon=True)
+    seen = []
+    learning = Learning(make_learn_step(agent.learn, mesh), [out], store, updates, jax.random.PRNGKey(0),
+                        control, timings, lambda update, shipments, metrics: seen.append(metrics["mean_action"]),
+                        acting_state=agent.acting_state)
+    thread.start()
+    try:
+        final = run_learner(learning, state)
+    finally:
+        control.stop.set()
+        thread.join(timeout=30)
+    assert seen == [0.0, 1.0, 0.0]  # each update learned from the version it published last
+    np.testing.assert_array_equal(jax.device_get(final["buffer"]), [0.0, 1.0, 0.0, -1.0])
+    assert {d.id for d in final["buffer"].devices()} == {devices[1].id}
+    published = store.wait_for(updates, devices[0], control.stop)
+    assert set(published.state) == {"action"} and int(published.state["action"]) == 1

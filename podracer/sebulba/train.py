@@ -105,9 +105,9 @@ def train_agent(configs: dict[str, Any], devices=None):
 
     `configs` maps section names to config dataclasses, as
     `podracer.orchestrate.cli.parse_configs` returns them. Actor threads step
-    envpool environments on the host and act on their actor device; the
-    learner updates on the learner devices and saves checkpoints into the run
-    directory. SIGINT/SIGTERM make the learner save and stop every thread; a
+    envpool environments on the host and run the agent's `act` and `prepare`
+    on their actor device; the learner runs its `learn` on the learner devices
+    and saves checkpoints into the run directory. SIGINT/SIGTERM make the learner save and stop every thread; a
     failure in any thread stops every thread and is re-raised.
     """
     session = RunSession(configs)
