@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from podracer.agent import Agent
+from podracer.agent import Agent, Trajectory
 from podracer.protocol import parallel
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs
@@ -113,6 +113,28 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any) -> Acting:
 
     return Acting(jax.jit(step), unpack, jax.jit(agent.prepare),
                   (per_env(one_obs), action, extras), per_env(carry))
+
+
+def trajectory_shapes(acting: Acting, rollout_len: int, num_envs: int) -> Trajectory:
+    """The abstract `Trajectory` of `num_envs` environments an actor records with `acting`."""
+    column = lambda tree, lead: jax.tree.map(lambda x: jax.ShapeDtypeStruct((*lead, *x.shape), x.dtype), tree)
+    rows, columns = (rollout_len, num_envs), (num_envs,)
+    (obs, action, extras), carry = column(acting.row, rows), column(acting.carry, rows)
+    flag = jax.ShapeDtypeStruct(rows, jnp.bool_)
+    return Trajectory(obs, action, jax.ShapeDtypeStruct(rows, jnp.float32), flag, flag, obs, extras, carry,
+                      column(acting.row[0], columns), column(acting.carry, columns))
+
+
+def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: int, num_envs: int,
+            rollout_len: int) -> None:
+    """Compile `acting`'s step and `prepare` for `device` and an actor thread's shapes, before any
+    thread starts (and before a profile's trace window opens)."""
+    zeros = lambda tree: jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
+    one_batch = lambda tree: jax.tree.map(lambda x: np.zeros((env_batch, *x.shape), x.dtype), tree)
+    state = jax.device_put(acting_state, device)
+    key = jax.device_put(jax.random.PRNGKey(0), device)
+    jax.block_until_ready(acting.step(state, one_batch(acting.row[0]), key, one_batch(acting.carry)))
+    jax.block_until_ready(acting.prepare(state, zeros(trajectory_shapes(acting, rollout_len, num_envs))))
 
 
 def put_until_stopped(out: queue.Queue, item, stop: threading.Event, poll_s: float = 0.05) -> bool:

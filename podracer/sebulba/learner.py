@@ -12,9 +12,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.agent import Trajectory
 from podracer.protocol import parallel
-from podracer.sebulba.actor import Shipment
+from podracer.sebulba.actor import Acting, Shipment, trajectory_shapes
 from podracer.sebulba.control import Control
 from podracer.sebulba.params import ParamsStore
 from podracer.session.timing import Timings
@@ -59,25 +58,17 @@ def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformatio
     return lambda state, batches, bootstraps, key: step(state, batches, bootstraps, key, ((),) * len(batches))
 
 
-def shipment_shapes(agent: Any, acting_state: Any, acting_row: Any, carry: Any, rollout_len: int,
-                    num_envs: int, mesh: Mesh) -> tuple[Any, Any, Any]:
+def shipment_shapes(agent: Any, acting: Acting, acting_state: Any, rollout_len: int, num_envs: int,
+                    mesh: Mesh) -> tuple[Any, Any, Any]:
     """Abstract (batch, bootstrap, carry) of one actor thread's shipment of `num_envs` columns (over
-    every process), placed on `mesh` as the actors place them: for compiling the learner ahead.
-
-    `acting_row` and `carry` are one environment's, as `actor.Acting` holds them.
-    """
-    column = lambda tree, lead: jax.tree.map(lambda x: jax.ShapeDtypeStruct((*lead, *x.shape), x.dtype), tree)
-    rows, columns = (rollout_len, num_envs), (num_envs,)
-    obs, action, extras = column(acting_row, rows)
-    scalar = lambda dtype: jax.ShapeDtypeStruct(rows, dtype)
-    trajectory = Trajectory(obs, action, scalar(jnp.float32), scalar(jnp.bool_), scalar(jnp.bool_), obs, extras,
-                            column(carry, rows), column(acting_row[0], columns), column(carry, columns))
+    every process), placed on `mesh` as the actors place them: for compiling the learner ahead."""
+    trajectory = trajectory_shapes(acting, rollout_len, num_envs)
     batch, bootstrap = jax.eval_shape(agent.prepare, acting_state, trajectory)
     place = lambda tree, sharding: jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
     by_column = parallel.sharded(mesh)
     return (place(batch, parallel.time_major_sharded(mesh)), place(bootstrap, by_column),
-            place(column(carry, columns), by_column))
+            place(trajectory.next_carry, by_column))
 
 
 def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05,

@@ -32,7 +32,7 @@ from podracer.config import make_optimizer
 from podracer.envs.spec import check_masked_inputs
 from podracer.networks import is_recurrent
 from podracer.protocol import parallel
-from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor
+from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor, warm_up
 from podracer.sebulba.config import DeviceSplit, SebulbaLayout, make_layout, split_devices
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
@@ -80,12 +80,15 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     acting_state = jax.eval_shape(agent.acting_state, state)
     acting = make_acting(agent, acting_state, spec)
     # One actor thread of every process fills one global shipment.
-    shipment = shipment_shapes(agent, acting_state, acting.row, acting.carry, sebulba.rollout_len,
+    shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len,
                                layout.envs_per_thread * jax.process_count(), mesh)
     threads = layout.num_actor_threads
     step_fn = make_learn_step(agent.learn, mesh).lower(
         state, *((part,) * threads for part in shipment[:2]), jax.random.PRNGKey(0),
         (shipment[2],) * threads).compile()
+    for device in dict.fromkeys(split.actor):
+        warm_up(acting, parallel.local_replica(agent.acting_state(state)), device, layout.env_batch,
+                layout.envs_per_thread, sebulba.rollout_len)
     return Setup(spec, split, layout, num_updates, network, agent, acting, mesh, state, step_fn,
                  time.perf_counter() - compile_start)
 
