@@ -189,6 +189,7 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
         device = split.actor[index // sebulba.actor_threads]
         on_device = jax.device_put(acting_state, device)
         key = jax.device_put(jax.random.PRNGKey(index), device)
+        jax.block_until_ready(acting.prepare(on_device, trajectory))  # compiled before the count starts
         while not stop.is_set():
             for _ in range(calls_per_trajectory):
                 key, packed = acting.step(on_device, jax.device_put(obs, device), key, carry)
