@@ -173,7 +173,7 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
-        state = runner.train
+        state = agent.acting_state(runner.train)
         packed, unpack = _pack_rows((runner.env_state, runner.obs))
 
         def step(carried, draws):
