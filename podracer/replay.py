@@ -39,16 +39,20 @@ def capacity_problem(capacity: int, batch_size: int, min_size: int) -> str | Non
     return None
 
 
-def make_buffer(capacity: int, batch_size: int, min_size: int):
+def make_buffer(capacity: int, batch_size: int, min_size: int, minibatches: int = 1):
     """flashbax's uniform item buffer of `capacity` transitions, sampling `batch_size` once `min_size` are in.
 
-    Refuses, in one line, a buffer that could never fill a batch (`capacity_problem`).
+    With `minibatches`, one sample draws that many batches at once (uniformly, with
+    replacement: `minibatches * batch_size` rows, to split): a learner that takes
+    several steps per rollout then scans over the drawn batches instead of
+    sampling inside its loop, where the buffer would be an operand of every
+    iteration. Refuses, in one line, a buffer that could never fill a batch (`capacity_problem`).
     """
     problem = capacity_problem(capacity, batch_size, min_size)
     if problem:
         raise PodracerError(problem)
     return flashbax.make_item_buffer(max_length=capacity, min_length=max(min_size, batch_size),
-                                     sample_batch_size=batch_size, add_batches=True)
+                                     sample_batch_size=batch_size * minibatches, add_batches=True)
 
 
 def gather_rollout(rows: Any, axis_names: Sequence[str]) -> Any:

@@ -9,7 +9,8 @@ The combined runs are on the environments beyond gymnax and envpool (`ENVS`): a
 JAX suite per Anakin pair (Navix; Jumanji's Knapsack, with its legal-action
 mask; brax's `fast`, with continuous actions; all run without shard_map's
 replication check) and a Gymnasium vector environment for Sebulba, so every
-flag is proven on them too; the other runs are on CartPole-v1.
+flag is proven on them too; the other runs are on CartPole-v1. SAC's runs are all
+on gymnax's Pendulum, continuous, whose episodes end within each of its calls.
 """
 
 import json
@@ -30,8 +31,9 @@ PAIRS = {
                            "--minibatches=2"],
     ("sebulba", "impala"): ["--num-envs=4", "--rollout-len=16", "--total-steps=1024", "--minibatches=1"],
     ("sebulba", "es"): ["--population=8", "--eval-episodes=2", "--total-steps=1500"],
-    ("anakin", "sac"): ["--env=Pendulum-v1", "--num-envs=8", "--rollout-len=8", "--updates-per-call=2",
-                        "--total-steps=1024", "--learning-starts=128", "--batch-size=32", "--hidden", "16", "16"],
+    # Calls of 200 steps of each environment: every call ends one Pendulum episode in each.
+    ("anakin", "sac"): ["--env=Pendulum-v1", "--num-envs=8", "--rollout-len=8", "--updates-per-call=25",
+                        "--total-steps=3200", "--learning-starts=128", "--batch-size=32", "--hidden", "16", "16"],
     ("anakin", "dqn"): ["--num-envs=8", "--rollout-len=8", "--n-step=3", "--updates-per-call=2", "--total-steps=1024",
                         "--learning-starts=128", "--batch-size=32"],
 }
@@ -39,10 +41,10 @@ IDS = [f"{arch}-{algo}" for arch, algo in PAIRS]
 ENVS = {("anakin", "ppo"): "navix:Navix-Empty-5x5-v0", ("anakin", "impala"): "jumanji:Knapsack-v1",
         ("anakin", "es"): "brax:fast", ("sebulba", "ppo"): "gymnasium:CartPole-v1",
         ("sebulba", "impala"): "gymnasium:CartPole-v1", ("sebulba", "es"): "gymnasium:CartPole-v1",
-        ("anakin", "sac"): "brax:fast", ("anakin", "dqn"): "jumanji:Knapsack-v1"}
+        ("anakin", "sac"): "Pendulum-v1", ("anakin", "dqn"): "jumanji:Knapsack-v1"}
 CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
                     ("sebulba", "es"): 300, ("anakin", "impala"): 256, ("sebulba", "impala"): 128,
-                    ("anakin", "sac"): 256, ("anakin", "dqn"): 256}
+                    ("anakin", "sac"): 1600, ("anakin", "dqn"): 256}
 RECORD_EPISODES = 3
 
 

@@ -121,6 +121,7 @@ REFUSED = {
     "no Polyak step": (["--tau=0"], "--tau must be in (0, 1]"),
     "a Polyak step past a copy": (["--tau=1.5"], "--tau must be in (0, 1]"),
     "a batch that does not split over the devices": (["--batch-size=12"], "multiple of 8"),  # conftest's 8
+    "Sebulba": (["--arch=sebulba"], "--algo=sac runs on --arch=anakin, not --arch=sebulba"),
 }
 
 

@@ -50,11 +50,12 @@ def make_agent(networks: SACNetworks, optimizer: optax.GradientTransformation, c
     `prepare` turns the rollout into transitions; `learn` adds every device's
     transitions to the replicated buffer (`podracer.replay`) and, once it holds
     `config.learning_starts` of them (and a batch), takes
-    `config.updates_per_rollout` gradient steps (`make_update`), each on a
-    fresh uniform sample of `config.batch_size`.
+    `config.updates_per_rollout` gradient steps (`make_update`), each on its
+    own uniform sample of `config.batch_size` (all drawn at once).
     """
     axis_names = tuple(axis_names)
-    buffer = replay.make_buffer(config.buffer_size, config.batch_size, config.learning_starts)
+    buffer = replay.make_buffer(config.buffer_size, config.batch_size, config.learning_starts,
+                                config.updates_per_rollout)
     update = make_update(networks, optimizer, config, spec.action_dim, axis_names)
     act_fn = make_act(networks)
 
@@ -84,11 +85,14 @@ def make_agent(networks: SACNetworks, optimizer: optax.GradientTransformation, c
         buffer_state = buffer.add(state.buffer, replay.gather_rollout(batch, axis_names))
 
         def train(state):
-            def one(state, step_key):
-                sample_key, update_key = jax.random.split(step_key)
-                return update(state, buffer.sample(buffer_state, sample_key).experience, update_key)
-
-            state, metrics = jax.lax.scan(one, state, jax.random.split(key, config.updates_per_rollout))
+            # Every step's minibatch drawn at once (the buffer does not change between the steps).
+            sample_key, update_key = jax.random.split(key)
+            drawn = buffer.sample(buffer_state, sample_key).experience
+            minibatches = jax.tree.map(
+                lambda x: x.reshape((config.updates_per_rollout, config.batch_size) + x.shape[1:]), drawn)
+            step = lambda state, xs: update(state, *xs)
+            steps = (minibatches, jax.random.split(update_key, config.updates_per_rollout))
+            state, metrics = jax.lax.scan(step, state, steps)
             return state, jax.tree.map(jnp.mean, metrics)
 
         def wait(state):  # the buffer does not hold enough yet: the same metrics' shapes, zeros
