@@ -123,7 +123,7 @@ def test_a_killed_run_resumes_bitwise_with_its_replay_buffer(tmp_path):
     (["--target-update-period=0"], "--target-update-period must be > 0"),
     (["--n-step=20", "--rollout-len=8"], "--n-step=20 is longer than a rollout"),
     (["--env=Pendulum-v1"], "--algo=dqn acts in discrete action spaces and Pendulum-v1 has continuous"),
-    (["--arch=sebulba"], "--algo=dqn trains on --arch=anakin, not --arch=sebulba"),
+    (["--arch=sebulba"], "--algo=dqn runs on --arch=anakin, not --arch=sebulba"),
 ])
 def test_bad_input_is_one_line_before_compiling(args, words, tmp_path):
     result = _launch([*args, f"--run-dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
