@@ -16,11 +16,12 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import ppo, vtrace
+from podracer import muzero, ppo, vtrace
 from podracer.acting import RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
 from podracer.normalize import RunningStats
+from podracer.muzero import policy as muzero_policy
 from podracer.ppo.config import PPO_FIX
 
 
@@ -34,7 +35,7 @@ class Algorithm(NamedTuple):
     make_network: Callable
     """`make_network(spec, network_config) -> network` handed to `make_agent`."""
     make_agent: Callable
-    """`make_agent(network, optimizer, config, spec, rollout_len, axis_names) -> Agent`."""
+    """`make_agent(network, optimizer, config, spec, rollout_len, axis_names, *, num_envs) -> Agent`."""
     optimizer_steps: Callable
     """`optimizer_steps(config) -> int`: optimizer steps per update (for a decaying learning rate)."""
     policy: Callable
@@ -105,6 +106,10 @@ ALGORITHMS: dict[str, Algorithm] = {
         _epochs_times_minibatches, _actor_critic_policy("impala"), _load_actor_critic,
         tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("c_bar", "pg_rho_bar", "rho_bar", "vtrace_lambda"))),
         vtrace.IMPALA_FIX, make_update=vtrace.make_update, clones=True),
+    "muzero": Algorithm(
+        "muzero", muzero.MuZeroConfig, ("anakin",), muzero_policy.make_network, muzero.make_agent,
+        lambda config: 1, muzero_policy.policy, muzero_policy.load_policy, ("gamma", "value_coef"),
+        muzero.MUZERO_FIX, actions=("discrete",)),
 }
 
 
