@@ -115,3 +115,7 @@ class Agent(NamedTuple):
     the loop (e.g. a sample's noise); `lambda key: key` to draw inside `act`."""
     initial_carry: Callable[[int], Any]
     """`initial_carry(num_envs) -> carry` of fresh episodes (zeros); `()` for a feed-forward agent."""
+    check_vma: bool = True
+    """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
+    for the check is run without it (mctx's search loops start from constants and carry per-device
+    data); a test then proves one device and several train alike."""

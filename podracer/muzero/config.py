@@ -47,7 +47,7 @@ class MuZeroConfig:
     """Replayed sequences per update (split over the devices)."""
     buffer_size: int = bounded(100_000, AT_LEAST_ONE)
     """Replay capacity in environment steps (over every environment)."""
-    learning_starts: int = bounded(2_000, NON_NEGATIVE)
+    learning_starts: int = bounded(1_000, NON_NEGATIVE)
     """Environment steps in the buffer before the first update."""
     value_coef: float = bounded(0.25, NON_NEGATIVE)
     """Weight of the value cross-entropy (MuZero's Atari setting)."""
