@@ -75,7 +75,10 @@ def test_the_policy_target_is_mctx_gumbel_muzero_policy_of_each_observation():
     state = _perturbed_state(agent)
     obs = jax.random.normal(jax.random.key(2), (4, 4))
     keys = jax.random.split(jax.random.key(3), 4)
-    action, _, weights = jax.jit(agent.act)(state, obs, keys, ())
+    act = jax.jit(agent.act)
+    action, _, weights = act(state, obs, keys, ())
+    # The search is its own named scope in the compiled program (and so in a profile's trace).
+    assert "search" in act.lower(state, obs, keys, ()).compile().as_text()
 
     # mctx called directly on the same model, one search per observation with that observation's key.
     model = NETWORK.clone(latent_size=8, support_size=5)
