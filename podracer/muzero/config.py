@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from podracer.bounds import NON_NEGATIVE, POSITIVE, Bound, bounded, check_bounds
+from podracer.bounds import NON_NEGATIVE, POSITIVE, UNIT, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.muzero.targets import support_limit, value_transform
 
@@ -29,7 +29,7 @@ class MuZeroConfig:
     """Model evaluations per search (per action taken); Gumbel MuZero improves the policy with as few as 2."""
     max_considered_actions: int = bounded(16, Bound(2))
     """Actions sampled without replacement at the root (Gumbel top-k), then halved sequentially over the simulations."""
-    gamma: float = bounded(0.99, Bound(0, 1, low_open=False))
+    gamma: float = bounded(0.99, UNIT)
     """Discount factor, in the search and in the value targets."""
     td_steps: int = bounded(10, AT_LEAST_ONE)
     """n of the n-step value targets, bootstrapped from the target network's value."""
