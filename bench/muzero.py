@@ -55,12 +55,12 @@ def main(argv=None) -> int:
     act, learn = built.phases
     runner = built.init(jax.random.key(0))
     # Fill the buffer past its first sampled sequence so that every timed update learns.
-    runner, _ = common.timed(built.step, runner)
-    runner, _ = common.timed(built.step, runner)
+    for _ in range(2):
+        (runner, _), _ = common.timed(built.step, runner)
     steps_per_call = args.num_envs * args.rollout_len * args.updates_per_call
     train_s, act_s = [], []
     for _ in range(args.rounds):
-        runner, seconds = common.timed(built.step, runner)
+        (runner, _), seconds = common.timed(built.step, runner)
         train_s.append(seconds)
         (runner, _), seconds = common.timed(act, runner)
         act_s.append(seconds)
