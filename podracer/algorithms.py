@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import muzero, ppo, vtrace
+from podracer import muzero, ppo, sac, vtrace
 from podracer.acting import RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
@@ -69,6 +69,11 @@ def _actor_critic_network(spec, net):
                         network=net.network, action_mask=spec.action_mask)
 
 
+def _sac_networks(spec, net):
+    return sac.make_networks(spec.obs_shape, spec.action_dim, net.hidden, net.activation, spec.action_low,
+                             spec.action_high)
+
+
 def _actor_critic_policy(name: str) -> Callable:
     def policy(state, network, config, deterministic):
         return ppo_policy(state, network.apply, config, deterministic, name)
@@ -106,6 +111,9 @@ ALGORITHMS: dict[str, Algorithm] = {
         _epochs_times_minibatches, _actor_critic_policy("impala"), _load_actor_critic,
         tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("c_bar", "pg_rho_bar", "rho_bar", "vtrace_lambda"))),
         vtrace.IMPALA_FIX, make_update=vtrace.make_update, clones=True),
+    "sac": Algorithm(
+        "sac", sac.SACConfig, ("anakin",), _sac_networks, sac.make_agent, lambda config: config.updates_per_rollout,
+        sac.policy, sac.load_policy, ("gamma", "tau"), sac.SAC_FIX, actions=("continuous",)),
     "muzero": Algorithm(
         "muzero", muzero.MuZeroConfig, ("anakin",), muzero_policy.make_network, muzero.make_agent,
         lambda config: 1, muzero_policy.policy, muzero_policy.load_policy, ("gamma", "value_coef"),

@@ -46,6 +46,9 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: MuZeroC
     """
     if not spec.discrete:
         raise PodracerError("--algo=muzero searches over discrete actions; use a discrete-action environment")
+    if spec.action_mask:
+        raise PodracerError("--algo=muzero does not read legal-action masks: its search would consider "
+                            "illegal actions; use --algo=ppo or impala on this environment")
     axis_names = tuple(axis_names)
     network = sized_network(network, config)
     buffer = replay.make_sequence_buffer(num_envs, config.buffer_size, config.batch_size, config.sequence_len,
