@@ -87,7 +87,8 @@ def test_a_value_outside_its_range_is_refused(section, name, capsys):
         bad = bound.low  # the open end itself
     flag = "--" + name.replace("_", "-")
     arch, algo = {"es": ("anakin", "es"), "sebulba": ("sebulba", "ppo"),
-                  "impala": ("anakin", "impala"), "muzero": ("anakin", "muzero")}.get(section, ("anakin", "ppo"))
+                  "impala": ("anakin", "impala"), "muzero": ("anakin", "muzero"),
+                  "sac": ("anakin", "sac")}.get(section, ("anakin", "ppo"))
     value = [str(bad)] if isinstance(field.default, tuple) else [f"{bad}"]
     is_int = isinstance(field.default, int) or (isinstance(field.default, tuple)
                                                 and isinstance(field.default[0], int))

@@ -43,9 +43,9 @@ class MuZeroConfig:
     """The largest |reward| of one environment step: the support must hold max-reward / (1 - gamma)."""
     latent_size: int = bounded(64, AT_LEAST_ONE)
     """Width of the model's hidden state (min-max normalised to [0, 1], as MuZero's)."""
-    batch_size: int = bounded(128, AT_LEAST_ONE)
+    batch_size: int = bounded(128, POSITIVE)
     """Replayed sequences per update (split over the devices)."""
-    buffer_size: int = bounded(100_000, AT_LEAST_ONE)
+    buffer_size: int = bounded(100_000, POSITIVE)
     """Replay capacity in environment steps (over every environment)."""
     learning_starts: int = bounded(1_000, NON_NEGATIVE)
     """Environment steps in the buffer before the first update."""
