@@ -10,7 +10,7 @@ import pytest
 from podracer import muzero
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
-from podracer.muzero.targets import support_limit
+from podracer.muzero.targets import support_limit, support_needed
 from podracer.protocol import parallel
 
 
@@ -20,7 +20,8 @@ def test_the_value_transform_and_its_inverse_match_hand_values():
     expected = np.array([0.0, 2.0 - 1.0 + 0.003, -(3.0 - 1.0) - 0.008, 10.0 - 1.0 + 0.099])
     np.testing.assert_allclose(muzero.value_transform(x), expected, rtol=1e-6)
     np.testing.assert_allclose(muzero.inverse_value_transform(jnp.asarray(expected)), x, atol=1e-3)
-    assert support_limit(2) == pytest.approx(float(muzero.inverse_value_transform(jnp.float32(2.0))))
+    assert support_limit(2) == pytest.approx(float(muzero.inverse_value_transform(jnp.float32(2.0))), rel=1e-4)
+    assert support_needed(99.0) == 10 and support_limit(10) >= 99.0 > support_limit(9)
 
 
 def test_the_two_hot_projection_splits_a_value_between_its_two_nearest_atoms():

@@ -7,7 +7,7 @@ import math
 
 from podracer.bounds import NON_NEGATIVE, POSITIVE, UNIT, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
-from podracer.muzero.targets import support_limit, value_transform
+from podracer.muzero.targets import support_limit, support_needed
 
 # What the NaN guard tells a user whose MuZero run diverged.
 MUZERO_FIX = "lower --lr or --max-grad-norm"
@@ -73,7 +73,7 @@ class MuZeroConfig:
         if math.isinf(largest):
             return ("--gamma=1 makes the returns unbounded, which no value support holds; "
                     "use --gamma below 1")
-        needed = math.ceil(float(value_transform(largest)))
+        needed = support_needed(largest)
         return (f"--support-size={self.support_size} holds values up to {limit:.1f}, but returns reach "
                 f"--max-reward / (1 - --gamma) = {largest:.1f}; use --support-size={needed} or more, "
                 f"or a lower --gamma")

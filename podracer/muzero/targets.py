@@ -11,6 +11,8 @@ otherwise.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -53,9 +55,17 @@ def support_to_scalar(logits: jax.Array, support_size: int) -> jax.Array:
     return inverse_value_transform(jnp.sum(jax.nn.softmax(logits) * support, axis=-1))
 
 
-def support_limit(support_size: int) -> float:
-    """The largest |value| a support of -S..S holds: h^-1(S)."""
-    return float(inverse_value_transform(jnp.float32(support_size)))
+def support_limit(support_size: int, eps: float = EPS) -> float:
+    """The largest |value| a support of -S..S holds: h^-1(S), in plain Python (configs check it before
+    JAX starts)."""
+    root = (math.sqrt(1.0 + 4.0 * eps * (support_size + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return root ** 2 - 1.0
+
+
+def support_needed(value: float, eps: float = EPS) -> int:
+    """The smallest support size S whose -S..S holds |value|: ceil(h(|value|)), in plain Python."""
+    value = abs(value)
+    return math.ceil(math.sqrt(value + 1.0) - 1.0 + eps * value)
 
 
 def n_step_targets(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, value: jax.Array,
