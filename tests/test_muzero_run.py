@@ -1,5 +1,6 @@
 """MuZero from the command line: it learns (and a learning rate of 0 does not), resumes bitwise after
-SIGKILL, evaluates by search, profiles its phases, and refuses bad settings in one line."""
+SIGKILL, evaluates by search, and refuses bad settings in one line. Its flags (--profile, datasets,
+several processes) are proven with every other pair's in tests/test_every_pair.py."""
 
 import json
 import os
@@ -79,16 +80,6 @@ def test_eval_acts_by_search(reference):
     assert result.returncode == 0, result.stderr[-3000:]
     mean = json.loads(result.stdout.strip().splitlines()[-1])["episode_return_mean"]
     assert mean > 30  # the learner's search, well above the random policy's 22
-
-
-def test_profile_times_acting_and_learning_apart(tmp_path):
-    result = _launch("--arch=anakin", "--algo=muzero", "--env=CartPole-v1", "--total-steps=1280",
-                     "--updates-per-call=5", "--learning-starts=64", "--num-simulations=2",
-                     f"--run-dir={tmp_path / 'run'}", "--profile", "--profile-trace-s=0")
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    operations = {row["operation"] for row in summary["profile"]["operations"]}
-    assert {"acting", "learning"} <= operations
 
 
 @pytest.mark.parametrize("flags, words", [
