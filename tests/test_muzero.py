@@ -10,6 +10,7 @@ import pytest
 from podracer import muzero
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.envs.spec import EnvSpec
 from podracer.muzero.targets import support_limit, support_needed
 from podracer.protocol import parallel
 
@@ -67,8 +68,8 @@ def _perturbed_state(agent, seed=0):
     return state._replace(params=jax.tree.unflatten(treedef, noisy))
 
 
-class _Spec:
-    obs_shape, obs_dtype, action_dim, discrete = (4,), jnp.float32, 3, True
+_Spec = EnvSpec(obs_shape=(4,), obs_dtype=jnp.float32, action_dim=3, discrete=True, action_low=None,
+                action_high=None)
 
 
 def test_the_policy_target_is_mctx_gumbel_muzero_policy_of_each_observation():
