@@ -87,5 +87,7 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: MuZeroC
 
     # mctx's search loops start from constants and carry per-device data, which
     # shard_map's replication check refuses: it runs unchecked (1 and 4 devices tested alike).
+    # Acting reads the parameters alone: the replay, the target network and the optimizer stay with learning.
+    acting_state = lambda state: state._replace(target_params=(), opt_state=(), buffer=())
     return Agent(init, act, prepare, learn, Rollout(rollout_len), draw=lambda key: key,
-                 initial_carry=lambda num_envs: (), check_vma=False)
+                 initial_carry=lambda num_envs: (), acting_state=acting_state, check_vma=False)
