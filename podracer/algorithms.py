@@ -112,7 +112,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         "sac", sac.SACConfig, ("anakin",), _sac_networks, sac.make_agent, lambda config: config.updates_per_rollout,
         sac.policy, sac.load_policy, ("gamma", "tau"), sac.SAC_FIX, actions=("continuous",)),
     "muzero": Algorithm(
-        "muzero", muzero.MuZeroConfig, ("anakin",), muzero_policy.make_network, muzero.make_agent,
+        "muzero", muzero.MuZeroConfig, ("anakin", "sebulba"), muzero_policy.make_network, muzero.make_agent,
         lambda config: 1, muzero_policy.policy, muzero_policy.load_policy, ("gamma", "value_coef"),
         muzero.MUZERO_FIX, actions=("discrete",)),
 }

@@ -72,6 +72,10 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("anakin", "muzero", "CartPole-v1"): {
         "num_envs": 8, "rollout_len": 4, "updates_per_call": 250, "lr": 1e-3, "max_grad_norm": 5.0,
         "activation": "relu", "anneal_lr": False, "total_steps": 200_000},
+    # Sebulba: the same agent, its search on the actor device over envpool's batch.
+    ("sebulba", "muzero", "CartPole-v1"): {
+        "num_envs": 8, "rollout_len": 4, "lr": 1e-3, "max_grad_norm": 5.0, "activation": "relu",
+        "anneal_lr": False, "total_steps": 200_000, "log_every": 50},
     # OpenAI-ES, 64 members: the mean parameters reach 500 within about 15
     # generations; 50 generations take a few seconds after a few seconds' compile.
     ("anakin", "es", "CartPole-v1"): {"generations_per_call": 5, "total_steps": 1_600_000},

@@ -92,3 +92,31 @@ def test_bad_settings_are_refused_in_one_line_before_compiling(flags, words, tmp
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr
     assert "compiling" not in result.stdout and not (tmp_path / "run").exists()
+
+
+def _sebulba_return(run_dir, last_rows=10):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    returns = [r["episode_return_mean"] for r in rows if r.get("episode_return_mean") is not None]
+    return float(np.mean(returns[-last_rows:]))
+
+
+@pytest.mark.parametrize("lr, learns", [("1e-3", True), ("0", False)])
+def test_sebulba_muzero_learns_cartpole_where_a_zero_learning_rate_cannot(lr, learns, tmp_path):
+    # The actor thread searches with parameters published after each update; 40k steps.
+    result = _launch("--arch=sebulba", "--algo=muzero", "--env=CartPole-v1", "--total-steps=40000",
+                     "--log-every=10", f"--lr={lr}", f"--run-dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    mean = _sebulba_return(tmp_path / "run")
+    # A uniformly random policy averages about 22.
+    assert (mean > 40) if learns else (mean < 30), mean
+
+
+def test_sebulba_muzero_runs_on_pong_frames(tmp_path):
+    # The model's MLPs read the flattened [4, 84, 84] frames; a few updates past the first sample.
+    result = _launch("--arch=sebulba", "--algo=muzero", "--env=Pong-v5", "--num-envs=4", "--rollout-len=4",
+                     "--total-steps=512", "--learning-starts=64", "--batch-size=8", "--num-simulations=2",
+                     "--buffer-size=2048", f"--run-dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    learned = [r for r in rows if r.get("learning") == 1.0]
+    assert learned and all(np.isfinite(r["loss"]) for r in learned)

@@ -8,6 +8,7 @@ import jax
 import optax
 
 from podracer.muzero.config import MuZeroConfig
+from podracer.protocol import parallel
 from podracer.muzero.losses import Sequences, muzero_loss
 
 
@@ -33,10 +34,11 @@ def make_update(network, optimizer: optax.GradientTransformation, config: MuZero
     axis_names = tuple(axis_names)
 
     def update(state: MuZeroState, sequences: Sequences):
-        grads, metrics = jax.grad(muzero_loss, has_aux=True)(state.params, state.target_params, network,
-                                                              sequences, config)
-        if axis_names:
-            grads, metrics = jax.lax.pmean((grads, metrics), axis_names)
+        # Each device's gradient of its share, then their mean (`parallel.vary`: under shard_map's
+        # replication check a replicated input's gradient would otherwise be summed implicitly).
+        grads, metrics = jax.grad(muzero_loss, has_aux=True)(parallel.vary(state.params, axis_names),
+                                                              state.target_params, network, sequences, config)
+        grads, metrics = parallel.pmean((grads, metrics), axis_names)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         target_params = optax.incremental_update(params, state.target_params, config.target_tau)
