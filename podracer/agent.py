@@ -17,11 +17,15 @@ Every function is pure and jittable, and `make_agent` takes `axis_names` as
 `ppo.make_update` does: inside `shard_map` the architecture passes the mesh
 axes its environments are split over, and `learn` averages over them. Batches
 are [B, ...] over this device's environments, rollouts time-major [T, B, ...].
+`make_agent` is also told `num_envs`, how many environments the agent steps
+over every device: an agent that keeps something per environment in its state
+(MuZero's replay of each environment's history) sizes it at `init`, before
+any rollout shows it.
 
 A new agent plugs in by writing its own `make_agent` (a sketch: a REINFORCE
 agent on a network `apply(params, obs) -> (distribution, value)`):
 
-    def make_agent(network, optimizer, config, spec, rollout_len, axis_names=()):
+    def make_agent(network, optimizer, config, spec, rollout_len, axis_names=(), *, num_envs=None):
         def init(key):
             params = network.init(key, jnp.zeros((1, *spec.obs_shape), spec.obs_dtype))
             return TrainState(params, optimizer.init(params), init_running_stats(spec.obs_shape),
@@ -125,3 +129,7 @@ class Agent(NamedTuple):
     acting_state: Callable[[Any], Any] = lambda state: state
     """`acting_state(state) -> the part of it that `act` and `prepare` read`: what Sebulba's learner
     publishes to its actors after every update (default: the whole state)."""
+    check_vma: bool = True
+    """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
+    for the check is run without it (mctx's search loops start from constants and carry per-device
+    data); a test then proves one device and several train alike."""

@@ -16,11 +16,12 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import dqn, ppo, sac, vtrace
+from podracer import dqn, muzero, ppo, sac, vtrace
 from podracer.acting import RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
 from podracer.normalize import RunningStats
+from podracer.muzero import policy as muzero_policy
 from podracer.ppo.config import PPO_FIX
 
 
@@ -34,7 +35,7 @@ class Algorithm(NamedTuple):
     make_network: Callable
     """`make_network(spec, network_config) -> network` handed to `make_agent`."""
     make_agent: Callable
-    """`make_agent(network, optimizer, config, spec, rollout_len, axis_names) -> Agent`."""
+    """`make_agent(network, optimizer, config, spec, rollout_len, axis_names, *, num_envs) -> Agent`."""
     optimizer_steps: Callable
     """`optimizer_steps(config) -> int`: optimizer steps per update (for a decaying learning rate)."""
     policy: Callable
@@ -117,6 +118,10 @@ ALGORITHMS: dict[str, Algorithm] = {
     "dqn": Algorithm(
         "dqn", dqn.DQNConfig, ("anakin",), _q_network, dqn.make_agent, lambda config: config.updates_per_rollout,
         dqn.policy, dqn.load_policy, ("epsilon_end", "gamma", "tau"), dqn.DQN_FIX, actions=("discrete",)),
+    "muzero": Algorithm(
+        "muzero", muzero.MuZeroConfig, ("anakin", "sebulba"), muzero_policy.make_network, muzero.make_agent,
+        lambda config: 1, muzero_policy.policy, muzero_policy.load_policy, ("gamma", "value_coef"),
+        muzero.MUZERO_FIX, actions=("discrete",)),
 }
 
 

@@ -11,7 +11,12 @@ everywhere) and each device computes the gradient of its share of it
 (`device_share`), averaged with `pmean`: the update of one device on the whole
 minibatch, split, so 1 and 8 devices train the same agent.
 
-flashbax (InstaDeep) is used as it is: its item buffer is a pytree of arrays
+An agent that learns from sequences (MuZero) keeps flashbax's trajectory
+buffer instead (`make_sequence_buffer`): one row per environment, time along
+it, rollouts appended in time (`gather_sequences`) and windows of consecutive
+steps sampled from it, the same way replicated.
+
+flashbax (InstaDeep) is used as it is: its buffers are pytrees of arrays
 with pure `add` and `sample`, which is what a jitted, vmapped, checkpointed
 state needs.
 """
@@ -53,6 +58,34 @@ def make_buffer(capacity: int, batch_size: int, min_size: int, minibatches: int 
         raise PodracerError(problem)
     return flashbax.make_item_buffer(max_length=capacity, min_length=max(min_size, batch_size),
                                      sample_batch_size=batch_size * minibatches, add_batches=True)
+
+
+def make_sequence_buffer(num_envs: int, capacity: int, batch_size: int, sequence_len: int, min_size: int):
+    """flashbax's trajectory buffer of `num_envs` environments' histories, `capacity` steps over all of them.
+
+    It samples `batch_size` windows of `sequence_len` consecutive steps of one
+    environment (starting at any step) once `min_size` steps are in. Refuses, in
+    one line, a buffer whose histories are shorter than one window.
+    """
+    history = capacity // num_envs
+    if history < sequence_len:
+        raise PodracerError(f"--buffer-size={capacity} keeps {history} steps of each of {num_envs} environments, "
+                            f"fewer than one replayed sequence of {sequence_len}; raise --buffer-size to "
+                            f"{sequence_len * num_envs} or more")
+    if min_size > capacity:
+        raise PodracerError(f"--learning-starts={min_size} steps never fit in --buffer-size={capacity}; "
+                            f"lower --learning-starts or raise --buffer-size")
+    min_history = min(history, max(sequence_len, -(-min_size // num_envs)))
+    return flashbax.make_trajectory_buffer(add_batch_size=num_envs, sample_batch_size=batch_size,
+                                           sample_sequence_length=sequence_len, period=1,
+                                           min_length_time_axis=min_history, max_length_time_axis=history)
+
+
+def gather_sequences(rows: Any, axis_names: Sequence[str]) -> Any:
+    """Time-major rows [T, B_local, ...] of this device as every environment's [B, T, ...], in environment order."""
+    if axis_names:
+        rows = jax.tree.map(lambda x: jax.lax.all_gather(x, tuple(axis_names), axis=1, tiled=True), rows)
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), rows)
 
 
 def gather_rollout(rows: Any, axis_names: Sequence[str]) -> Any:

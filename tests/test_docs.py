@@ -42,6 +42,10 @@ COVERED = {
         "tests/test_sebulba_train.py::test_one_actor_device_three_learners_asynchronous",
     f"{LAUNCH} --arch=sebulba --algo=impala": "tests/test_impala.py::test_sebulba_impala_solves_cartpole_with_policy_lag",
     f"{LAUNCH} --arch=anakin --algo=impala": "tests/test_every_pair.py::test_num_processes_joins_two_processes",
+    f"{LAUNCH} --arch=sebulba --algo=muzero":
+        "tests/test_muzero_run.py::test_sebulba_muzero_learns_cartpole_where_a_zero_learning_rate_cannot",
+    f"{LAUNCH} --arch=anakin --algo=muzero":
+        "tests/test_muzero_run.py::test_muzero_learns_cartpole_and_a_learning_rate_of_zero_does_not",
     f"{LAUNCH} --algo=es": "tests/test_es_anakin.py::test_cli_run_writes_metrics_and_summary",
     f"{LAUNCH} --arch=anakin --algo=es": "tests/test_es_anakin.py::test_cli_run_writes_metrics_and_summary",
     f"{LAUNCH} --arch=anakin --algo=es --variant=ars_v2 --population=32":

@@ -87,7 +87,8 @@ def test_a_value_outside_its_range_is_refused(section, name, capsys):
         bad = bound.low  # the open end itself
     flag = "--" + name.replace("_", "-")
     arch, algo = {"es": ("anakin", "es"), "sebulba": ("sebulba", "ppo"),
-                  "impala": ("anakin", "impala")}.get(section, ("anakin", "ppo"))
+                  "impala": ("anakin", "impala"), "muzero": ("anakin", "muzero"),
+                  "sac": ("anakin", "sac")}.get(section, ("anakin", "ppo"))
     value = [str(bad)] if isinstance(field.default, tuple) else [f"{bad}"]
     is_int = isinstance(field.default, int) or (isinstance(field.default, tuple)
                                                 and isinstance(field.default[0], int))
@@ -114,7 +115,7 @@ def test_wandb_without_the_package_fails_before_compiling(tmp_path):
 @pytest.mark.parametrize("triple", [("anakin", "ppo", "CartPole-v1"), ("anakin", "ppo", "Pendulum-v1"),
                                     ("sebulba", "ppo", "Pong-v5"), ("anakin", "es", "Pendulum-v1"),
                                     ("sebulba", "es", "CartPole-v1"), ("sebulba", "impala", "Pong-v5"),
-                                    ("anakin", "impala", "CartPole-v1")])
+                                    ("anakin", "impala", "CartPole-v1"), ("anakin", "muzero", "CartPole-v1")])
 def test_print_config_is_the_preset_over_the_defaults(triple, capsys):
     from podracer.orchestrate.cli import main
     from podracer.orchestrate.parse import SECTIONS

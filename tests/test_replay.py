@@ -51,3 +51,24 @@ def test_a_buffer_that_cannot_serve_a_batch_is_refused(capacity, batch, start, w
     with pytest.raises(PodracerError, match=words):
         replay.make_buffer(capacity, batch, start)
     assert "multiple of 4" in replay.share_problem(6, 4) and replay.share_problem(8, 4) is None
+
+
+def test_every_device_adds_each_environments_history_and_samples_consecutive_windows():
+    rows = jnp.arange(3 * 8, dtype=jnp.float32).reshape(3, 8)  # [T, B]: row t, environment b: 8 t + b
+    axes = (parallel.DATA_AXIS,)
+    gathered = _on_devices(lambda r: replay.gather_sequences(r, axes)[None], 4, rows,
+                           in_specs=(P(None, parallel.DATA_AXIS),), out_specs=P(parallel.DATA_AXIS))
+    for device_rows in np.asarray(gathered):  # each device holds every environment's history, batch-major
+        np.testing.assert_array_equal(device_rows, np.asarray(rows).T)
+
+    buffer = replay.make_sequence_buffer(num_envs=8, capacity=80, batch_size=16, sequence_len=4, min_size=32)
+    state = buffer.init(jnp.zeros(()))
+    for start in (0, 3):
+        assert not replay.ready(buffer, state)
+        state = buffer.add(state, rows.T + 8 * start)  # steps 0-2, then 3-5 of every environment
+    assert replay.ready(buffer, state)
+    windows = np.asarray(buffer.sample(state, jax.random.key(0)).experience)
+    assert windows.shape == (16, 4)
+    np.testing.assert_array_equal(np.diff(windows, axis=1), 8)  # consecutive steps of one environment
+    with pytest.raises(PodracerError, match="fewer than one replayed sequence"):
+        replay.make_sequence_buffer(num_envs=8, capacity=24, batch_size=4, sequence_len=4, min_size=0)

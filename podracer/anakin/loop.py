@@ -306,7 +306,9 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
             return jax.vmap(lambda s, e, h: steps(h).learn(s, e))(state, *experience_and_hparams)
 
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
-    check = bool(axes) and getattr(env, "check_vma", True)  # see suites.base.SuiteEnv
+    # Environments and agents built on libraries not written for the check say so
+    # (suites.base.SuiteEnv, agent.Agent.check_vma).
+    check = bool(axes) and getattr(env, "check_vma", True) and agent_for({}, axes).check_vma
     options = parallel.actor_critic_options(mesh)
     sharded_jit = lambda fn, in_specs, out_specs, **kw: jax.jit(
         jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check), **kw)

@@ -72,7 +72,8 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     def agent_for(hparams, axis_names):
         agent = population.configs_for(configs, hparams)  # its swept settings: traced scalars
         optimizer = make_optimizer(agent["optimizer"], optimizer_steps)
-        return algo.make_agent(network, optimizer, agent[algo.name], env.spec, anakin.rollout_len, axis_names)
+        return algo.make_agent(network, optimizer, agent[algo.name], env.spec, anakin.rollout_len, axis_names,
+                               num_envs=anakin.num_envs)
 
     pbt_config = pbt.config_of(configs)
     programs = make_programs(env, agent_for, anakin, mesh, is_population, sharded, pbt_config)

@@ -41,7 +41,7 @@ def make_act(q_fn: Callable) -> Callable:
 
 
 def make_agent(network, optimizer: optax.GradientTransformation, config: DQNConfig, spec: Any, rollout_len: int,
-               axis_names: Sequence[str] = ()) -> Agent:
+               axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
     """DQN on a Q-network (`podracer.dqn.network.make_q_network`) as an `Agent`, for discrete actions."""
     axes = tuple(axis_names)
     update = make_update(network.apply, optimizer, config, axes)

@@ -21,7 +21,8 @@ from podracer.types import Transition
 
 
 def make_agent(network, optimizer: optax.GradientTransformation, config: Any, spec: Any, rollout_len: int,
-               axis_names: Sequence[str] = (), make_update: Callable = ppo_make_update) -> Agent:
+               axis_names: Sequence[str] = (), make_update: Callable = ppo_make_update, *,
+               num_envs: int | None = None) -> Agent:
     """PPO (or, with `make_update`, any update of its signature) on `network` as an `Agent`.
 
     `network` is an actor-critic (`podracer.networks.make_network`), recurrent
@@ -29,6 +30,7 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: Any, sp
     `action_dim`). Acting samples the policy from noise drawn ahead of the
     rollout (`distributions.sampling_noise`); `prepare` computes the behaviour
     values of the whole rollout in one batch; `learn` is `make_update`'s update.
+    `num_envs` (the environments over every device) is unused: nothing is kept per environment.
     """
     recurrent = is_recurrent(network)
     if recurrent and make_update is not ppo_make_update:

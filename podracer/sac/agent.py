@@ -43,7 +43,7 @@ def next_observations(rollout: Trajectory) -> jax.Array:
 
 
 def make_agent(networks: SACNetworks, optimizer: optax.GradientTransformation, config: SACConfig, spec: Any,
-               rollout_len: int, axis_names: Sequence[str] = ()) -> Agent:
+               rollout_len: int, axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
     """SAC on `networks` (`podracer.sac.make_networks`) for `spec`'s continuous actions, as an `Agent`.
 
     Acting samples the squashed policy from noise drawn ahead of the rollout;

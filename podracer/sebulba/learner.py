@@ -21,7 +21,7 @@ from podracer.session.timing import Timings
 _ACROSS_ACTORS = P(parallel.DATA_AXIS)  # bootstrap data and carries: [N, ...] leaves split along N
 
 
-def make_learn_step(learn: Callable, mesh: Mesh) -> Callable:
+def make_learn_step(learn: Callable, mesh: Mesh, check_vma: bool = True) -> Callable:
     """Jitted `step(state, batches, bootstraps, key, carries) -> (state, metrics)` of an agent's `learn`.
 
     `learn` is `Agent.learn` of an agent made with `axis_names=(parallel.DATA_AXIS,)`.
@@ -32,7 +32,7 @@ def make_learn_step(learn: Callable, mesh: Mesh) -> Callable:
     device joins its shards of all of them into one local batch and runs
     `learn`, which averages over the mesh. `state` is replicated over the mesh.
     The metrics include `params_finite` (1.0 when every floating-point leaf of
-    the new state is finite) for the NaN guard.
+    the new state is finite) for the NaN guard. `check_vma` is the agent's (`Agent.check_vma`).
     """
     join = lambda axis, parts: jax.tree.map(lambda *p: jnp.concatenate(p, axis=axis), *parts)
 
@@ -43,7 +43,7 @@ def make_learn_step(learn: Callable, mesh: Mesh) -> Callable:
         return state, {**metrics, "params_finite": finite.astype(jnp.float32)}
 
     specs = (P(), parallel.TIME_MAJOR_SPEC, _ACROSS_ACTORS, P(), _ACROSS_ACTORS)
-    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=specs, out_specs=(P(), P())))
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=specs, out_specs=(P(), P()), check_vma=check_vma))
 
 
 def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformation, config: Any, mesh: Mesh,

@@ -70,7 +70,8 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     num_updates = max(1, math.ceil(run.total_steps / layout.steps_per_update))
     check_masked_inputs(spec, getattr(algo_config, "normalize_observations", False))
     optimizer = make_optimizer(configs["optimizer"], num_updates * algo.optimizer_steps(algo_config))
-    agent = algo.make_agent(network, optimizer, algo_config, spec, sebulba.rollout_len, (parallel.DATA_AXIS,))
+    agent = algo.make_agent(network, optimizer, algo_config, spec, sebulba.rollout_len, (parallel.DATA_AXIS,),
+                            num_envs=sebulba.num_envs)
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
     # One jitted call: eager initialisation would compile every small op on its own.
     init = jax.jit(agent.init, out_shardings=parallel.replicated(mesh),
@@ -83,7 +84,7 @@ def build(configs: dict[str, Any], devices=None) -> Setup:
     shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len,
                                layout.envs_per_thread * jax.process_count(), mesh)
     threads = layout.num_actor_threads
-    step_fn = make_learn_step(agent.learn, mesh).lower(
+    step_fn = make_learn_step(agent.learn, mesh, agent.check_vma).lower(
         state, *((part,) * threads for part in shipment[:2]), jax.random.PRNGKey(0),
         (shipment[2],) * threads).compile()
     for device in dict.fromkeys(split.actor):

@@ -13,7 +13,8 @@ from podracer.vtrace.update import make_update
 
 
 def make_agent(network, optimizer: optax.GradientTransformation, config: ImpalaConfig, spec: Any,
-               rollout_len: int, axis_names: Sequence[str] = ()) -> Agent:
+               rollout_len: int, axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
     """IMPALA on a feed-forward actor-critic `network`; the arguments are `podracer.ppo.make_agent`'s
     (a recurrent `network` is refused: the V-trace update replays no carry)."""
+    del num_envs  # an on-policy agent keeps nothing per environment
     return make_actor_critic_agent(network, optimizer, config, spec, rollout_len, axis_names, make_update)
