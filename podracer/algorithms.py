@@ -16,8 +16,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import ppo, vtrace
-from podracer.acting import RecurrentPolicy, ppo_policy
+from podracer import pqn, ppo, vtrace
+from podracer.acting import Policy, RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
 from podracer.normalize import RunningStats
@@ -52,6 +52,9 @@ class Algorithm(NamedTuple):
     """An actor-critic's `make_update(apply_fn, optimizer, config, axis_names)`, for Sebulba's learner."""
     clones: bool = False
     """Whether `--init-from-dataset` can warm-start it (behaviour cloning of an actor-critic)."""
+    settle: Callable | None = None
+    """`settle(configs) -> section`: its section completed from the run's other sections once the command
+    line is read (PQN: the update count its epsilon schedule spans, from --total-steps)."""
 
     def check_env(self, spec: Any, env_id: str) -> None:
         """Refuses, in one line, an environment whose actions this algorithm cannot take."""
@@ -91,6 +94,22 @@ def _load_actor_critic(network, config, saved, deterministic: bool) -> Callable:
     return act
 
 
+def _q_policy(state, network, config, deterministic):
+    return Policy(pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic), state.params,
+                  "pqn", deterministic)
+
+
+def _load_q_policy(network, config, saved, deterministic: bool) -> Callable:
+    params = jax.tree.map(jnp.asarray, saved["params"])
+    act_batch = pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic)
+
+    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
+        """Greedy (`deterministic`) or epsilon-greedy actions, epsilon the run's final one, for obs [B, ...]."""
+        return act_batch(params, obs, jax.random.split(key, obs.shape[0]))[0]
+
+    return act
+
+
 _ACTOR_CRITIC_SWEEPABLE = ("ent_coef", "gamma", "vf_coef")
 _epochs_times_minibatches = lambda config: config.epochs * config.minibatches
 
@@ -105,6 +124,11 @@ ALGORITHMS: dict[str, Algorithm] = {
         _epochs_times_minibatches, _actor_critic_policy("impala"), _load_actor_critic,
         tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("c_bar", "pg_rho_bar", "rho_bar", "vtrace_lambda"))),
         vtrace.IMPALA_FIX, make_update=vtrace.make_update, clones=True),
+    "pqn": Algorithm(
+        "pqn", pqn.PQNConfig, ("anakin",), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
+        _epochs_times_minibatches, _q_policy, _load_q_policy,
+        ("epsilon_decay", "epsilon_finish", "epsilon_start", "gamma", "q_lambda", "reward_scale"), pqn.PQN_FIX,
+        actions=("discrete",), settle=pqn.with_run_updates),
 }
 
 

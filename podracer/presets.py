@@ -55,6 +55,17 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("sebulba", "impala", "Pong-v5"): {
         **{k: v for k, v in _ATARI.items() if k not in ("clip_eps", "epochs", "minibatches", "unroll_minibatches")},
         "rollout_len": 32, "lr": 6e-4, "epochs": 1, "minibatches": 1},
+    # PQN: the paper's classic-control settings (purejaxql's CartPole: 128x128 relu with
+    # layer norm, rewards x0.1, gradients clipped at 10; the learning rate decays, which keeps the end stable).
+    ("anakin", "pqn", "CartPole-v1"): {
+        "num_envs": 32, "rollout_len": 64, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
+        "max_grad_norm": 10.0, "reward_scale": 0.1, "q_lambda": 0.95,
+        "epochs": 4, "minibatches": 16, "total_steps": 250_000},
+    # MinAtar (gymnax): purejaxql's settings, observations flattened into the MLP.
+    ("anakin", "pqn", "Breakout-MinAtar"): {
+        "num_envs": 128, "rollout_len": 32, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
+        "max_grad_norm": 10.0, "q_lambda": 0.65, "epsilon_finish": 0.01, "epsilon_decay": 0.1,
+        "epochs": 2, "minibatches": 32, "total_steps": 10_000_000},
     # OpenAI-ES, 64 members: the mean parameters reach 500 within about 15
     # generations; 50 generations take a few seconds after a few seconds' compile.
     ("anakin", "es", "CartPole-v1"): {"generations_per_call": 5, "total_steps": 1_600_000},
