@@ -1,5 +1,7 @@
 """PQN's maths against hand values, its epsilon schedule, and its program on any device count."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,8 @@ from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.config import NetworkConfig
 from podracer.orchestrate.parse import parse_configs
 from podracer.protocol import parallel
+
+from conftest import REPO_ROOT
 
 # One rollout of one environment: row 1 terminates, row 3 is truncated (a time limit), row 4 is the last.
 R = [1.0, 2.0, 3.0, 4.0, 5.0]
@@ -96,3 +100,15 @@ def test_one_device_matches_eight():
     np.testing.assert_allclose(m1["td_loss"], m8["td_loss"], rtol=1e-3, atol=1e-6)
     # Epsilon decays over the first half of the 6 updates: the second call's three act with 0.05.
     np.testing.assert_allclose(m1["epsilon"], [0.05, 0.05, 0.05], rtol=1e-6)
+
+
+def test_the_manuals_own_loop_snippet_runs_an_update():
+    text = open(f"{REPO_ROOT}/docs/pqn.md").read()
+    source = re.search(r"<!-- snippet: pqn-update -->\s*```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(source, "docs/pqn.md", "exec"), namespace)
+    state, metrics = namespace["state"], namespace["metrics"]
+    assert int(state.step) == 1 and np.isfinite(float(metrics["td_loss"]))
+    moved = [np.abs(np.asarray(a) - np.asarray(b)).max()
+             for a, b in zip(jax.tree.leaves(namespace["params"]), jax.tree.leaves(state.params))]
+    assert max(moved) > 1e-5  # 4 epochs x 4 minibatches of Adam steps applied
