@@ -90,23 +90,23 @@ def ppo_sps(env_id: str, calls: int) -> float:
     return NUM_ENVS * ROLLOUT * UPDATES_PER_CALL / statistics.median(times)
 
 
-def _brax_train():
-    """brax's PPO `train`, on this jax.
+def brax_trainer(agent: str = "ppo"):
+    """brax's `train` of `agent` (`brax.training.agents.ppo`, `sac`), on this jax.
 
-    brax 0.14.2's trainer calls `jax.device_put_replicated` once, to place its
-    initial training state on its devices; jax 0.10 removed that function. The
+    brax 0.14.2's trainers call `jax.device_put_replicated` once, to place their
+    initial training state on their devices; jax 0.10 removed that function. The
     stand-in does what it did (a copy per device stacked on a leading axis, which
     `pmap` then splits: here one CPU device), before brax's first epoch and outside
     every timing.
     """
+    import importlib
+
     try:
         jax.device_put_replicated
     except AttributeError:
         jax.device_put_replicated = lambda x, devices: jax.device_put(
             jax.tree.map(lambda a: jnp.stack([a] * len(devices)), x), devices[0])
-    from brax.training.agents.ppo import train as ppo
-
-    return ppo.train
+    return importlib.import_module(f"brax.training.agents.{agent}.train").train
 
 
 def brax_side_by_side(name: str, rounds: int, updates: int) -> tuple[float, float]:
@@ -125,7 +125,7 @@ def brax_side_by_side(name: str, rounds: int, updates: int) -> tuple[float, floa
     from brax import envs
     from brax.training.agents.ppo import networks as ppo_networks
 
-    train_brax = _brax_train()
+    train_brax = brax_trainer("ppo")
     state = {"runner": runner}
     brax_sps, our_sps = [], []
 

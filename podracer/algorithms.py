@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import pqn, ppo, vtrace
+from podracer import pqn, ppo, sac, vtrace
 from podracer.acting import Policy, RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
@@ -69,6 +69,11 @@ class Algorithm(NamedTuple):
 def _actor_critic_network(spec, net):
     return make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
                         network=net.network, action_mask=spec.action_mask)
+
+
+def _sac_networks(spec, net):
+    return sac.make_networks(spec.obs_shape, spec.action_dim, net.hidden, net.activation, spec.action_low,
+                             spec.action_high)
 
 
 def _actor_critic_policy(name: str) -> Callable:
@@ -124,6 +129,9 @@ ALGORITHMS: dict[str, Algorithm] = {
         _epochs_times_minibatches, _actor_critic_policy("impala"), _load_actor_critic,
         tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("c_bar", "pg_rho_bar", "rho_bar", "vtrace_lambda"))),
         vtrace.IMPALA_FIX, make_update=vtrace.make_update, clones=True),
+    "sac": Algorithm(
+        "sac", sac.SACConfig, ("anakin",), _sac_networks, sac.make_agent, lambda config: config.updates_per_rollout,
+        sac.policy, sac.load_policy, ("gamma", "tau"), sac.SAC_FIX, actions=("continuous",)),
     "pqn": Algorithm(
         "pqn", pqn.PQNConfig, ("anakin",), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
         _epochs_times_minibatches, _q_policy, _load_q_policy,

@@ -35,7 +35,7 @@ class Bound(NamedTuple):
 
     def describe(self) -> str:
         if self.low is not None and self.high is not None:
-            return f"in [{_number(self.low)}, {_number(self.high)}]"
+            return f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}]"
         if self.low is not None:
             return f"{'>' if self.low_open else '>='} {_number(self.low)}"
         return f"<= {_number(self.high)}"

@@ -97,3 +97,48 @@ def sampling_noise(key: jax.Array, discrete: bool, action_dim: int) -> jax.Array
     if discrete:
         return jax.random.gumbel(key, (action_dim,), jnp.float32)
     return jax.random.normal(key, (action_dim,), jnp.float32)
+
+
+def tanh_log_det_jacobian(u: jax.Array) -> jax.Array:
+    """log |d tanh(u) / du| = log(1 - tanh(u)^2), elementwise, in a form that stays finite for large |u|.
+
+    1 - tanh(u)^2 = 4 / (e^u + e^-u)^2, so its log is 2 (log 2 - u - softplus(-2u)).
+    """
+    return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
+
+
+@struct.dataclass
+class TanhGaussian:
+    """A diagonal Gaussian squashed by tanh into (-1, 1)^d: SAC's policy (Haarnoja et al. 2018, appendix C).
+
+    `mean` and `log_std` are those of the Gaussian before the squash, [..., action_dim].
+    The density of a = tanh(u) is the Gaussian's at u over the Jacobian of the
+    squash: log pi(a) = log N(u) - sum_i log(1 - tanh(u_i)^2).
+    """
+
+    mean: jax.Array
+    log_std: jax.Array
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return self.sample_from_noise(jax.random.normal(key, self.mean.shape, self.mean.dtype))
+
+    def sample_from_noise(self, noise: jax.Array) -> jax.Array:
+        return jnp.tanh(self.mean + jnp.exp(self.log_std) * noise)
+
+    def sample_and_log_prob(self, noise: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The action standard normal `noise` gives and its log-probability, from the same pre-squash u
+        (exact where `log_prob(tanh(u))` would lose u to rounding near +-1)."""
+        u = self.mean + jnp.exp(self.log_std) * noise
+        return jnp.tanh(u), self.pre_squash_log_prob(u)
+
+    def pre_squash_log_prob(self, u: jax.Array) -> jax.Array:
+        """log pi(tanh(u)) of the pre-squash value u."""
+        return DiagGaussian(self.mean, self.log_std).log_prob(u) - jnp.sum(tanh_log_det_jacobian(u), axis=-1)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        eps = jnp.finfo(action.dtype).eps
+        return self.pre_squash_log_prob(jnp.arctanh(jnp.clip(action, -1.0 + eps, 1.0 - eps)))
+
+    def mode(self) -> jax.Array:
+        """tanh of the Gaussian's mean: the deterministic action."""
+        return jnp.tanh(self.mean)

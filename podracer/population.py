@@ -39,7 +39,7 @@ class PopulationConfig:
     num_seeds: int = bounded(1, POSITIVE)
     """Independent agents per setting, seeds --seed, --seed+1, ...: each has its own key, parameters, optimizer state and environments, and trains --total-steps steps of its own; all of them are vmapped in one compiled program (Anakin PPO, IMPALA and ES; Sebulba refuses it)."""
     sweep: tuple[str, ...] = ()
-    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps (or paired with them, --sweep-as-given) and with the seeds. PPO/IMPALA: lr, max-grad-norm, adam-eps, ent-coef, vf-coef, gamma; PPO: clip-eps, gae-lambda; IMPALA: vtrace-lambda, rho-bar, c-bar, pg-rho-bar; ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
+    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps (or paired with them, --sweep-as-given) and with the seeds. PPO/IMPALA: lr, max-grad-norm, adam-eps, ent-coef, vf-coef, gamma; PPO: clip-eps, gae-lambda; IMPALA: vtrace-lambda, rho-bar, c-bar, pg-rho-bar; SAC: lr, max-grad-norm, adam-eps, gamma, tau; ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
 
     sweep_as_given: bool = False
     """Pair the --sweep lists instead of crossing them: the i-th value of every list makes the i-th setting (e.g. --sweep lr=1e-3,3e-4 --sweep ent-coef=0.01,0 is two settings, not four); every list has the same length."""

@@ -16,6 +16,10 @@ _ATARI = {
     "epochs": 4, "minibatches": 4, "unroll_minibatches": True, "total_steps": 10_000_000,
     "env_threads": 2}
 
+_SAC_SMALL = {
+    "num_envs": 8, "rollout_len": 8, "updates_per_call": 16, "updates_per_rollout": 32, "batch_size": 128,
+    "hidden": (64, 64), "activation": "relu", "lr": 1e-3, "anneal_lr": False, "total_steps": 20_000}
+
 PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # Solves (mean return 500) in about 10 s of training on a 2-core laptop CPU.
     ("anakin", "ppo", "CartPole-v1"): {"num_envs": 32, "rollout_len": 32, "lr": 1e-3},
@@ -55,6 +59,12 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("sebulba", "impala", "Pong-v5"): {
         **{k: v for k, v in _ATARI.items() if k not in ("clip_eps", "epochs", "minibatches", "unroll_minibatches")},
         "rollout_len": 32, "lr": 6e-4, "epochs": 1, "minibatches": 1},
+    # SAC: small networks and many gradient steps per rollout (32 per 64 transitions). Mean
+    # return about -150 after 10-16k steps, about 10 s of training on a 2-core CPU.
+    ("anakin", "sac", "Pendulum-v1"): _SAC_SMALL,
+    # The spring backend's pole: untrained it stays up about 20 steps, after 10-20k steps
+    # of SAC about 60 (PPO's figure too, tests/test_suites_learn.py).
+    ("anakin", "sac", "brax:inverted_pendulum"): _SAC_SMALL,
     # PQN: the paper's classic-control settings (purejaxql's CartPole: 128x128 relu with
     # layer norm, rewards x0.1, gradients clipped at 10; the learning rate decays, which keeps the end stable).
     ("anakin", "pqn", "CartPole-v1"): {

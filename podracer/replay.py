@@ -46,7 +46,9 @@ def make_buffer(capacity: int, batch_size: int, min_size: int):
 def gather_rollout(rows: Any, axis_names: Sequence[str]) -> Any:
     """Time-major rows [T, B_local, ...] of this device as the global [T * B, ...] items, in environment order."""
     if axis_names:
-        rows = jax.tree.map(lambda x: jax.lax.all_gather(x, tuple(axis_names), axis=1, tiled=True), rows)
+        # Typed as the same on every device (it is): the buffer it fills is replicated state.
+        rows = jax.tree.map(lambda x: jax.lax.all_gather(x, tuple(axis_names), axis=1, tiled=True,
+                                                         to="invarying"), rows)
     return jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), rows)
 
 

@@ -14,7 +14,9 @@ the server does with a node; everything else it scripts stays as it was:
   node boots: a disk of its own (`root/disks/NODE/worker-I`, the worker's
   `PODRACER_HOME`), a metadata server of its own (tests/metadata_server.py) with
   the node's metadata plus `agent-worker-number` and `worker-network-endpoints`
-  (every worker on 127.0.0.1), and the startup script, run by a stand-in for the
+  (every worker on 127.0.0.1), and on a multislice's nodes (`NAME-0`, `NAME-1`,
+  ...: every node of the queued resource boots at once, one coordinator port for
+  all) `tpu-env` with the `MEGASCALE_*` values, and the startup script, run by a stand-in for the
   guest agent's script runner (`bash -c STARTUP_SCRIPT` under it) in a new session, in
   `environment` (the bucket's and the offline installers' variables) with
   `GCE_METADATA_HOST`/`GCE_METADATA_IP` and `PODRACER_COORDINATOR_PORT` (a free
@@ -109,6 +111,16 @@ def python_folders(python: str = sys.executable, base_prefix: str = sys.base_pre
     would find none. `base_prefix`, not the build's own folder: a relocated Python (uv's
     own, for one) is not where it was built."""
     return list(dict.fromkeys([os.path.dirname(python), os.path.join(base_prefix, "bin")]))
+
+
+def multislice_tpu_env(coordinator: str, num_slices: int, slice_id: int) -> str:
+    """The `tpu-env` metadata of a worker of slice `slice_id` of a multislice: one
+    `KEY: 'value'` a line, as JAX's TPU cluster detection parses it; the coordinator is
+    worker 0 of slice 0 (given with the Megascale port, which its readers strip)."""
+    values = {"MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator}:8080",
+              "MEGASCALE_NUM_SLICES": str(num_slices), "MEGASCALE_SLICE_ID": str(slice_id),
+              "MEGASCALE_PORT": "8080"}
+    return "".join(f"{key}: '{value}'\n" for key, value in values.items())
 
 
 def wait_until(condition: Callable[[], object], timeout: float, what: str,
@@ -277,26 +289,36 @@ class EmulatedPod:
         """Whether the node (by id or full name) has booted and is not deleted."""
         return any(node in (name, name.rsplit("/", 1)[-1]) for name in list(self._nodes))
 
-    def boot(self, node) -> None:
-        """Boots every worker of `node` (a tpu_v2.Node, endpoints set) on this machine."""
-        node_id = node.name.rsplit("/", 1)[-1]
-        disk = self.root / "disks" / node_id
+    def boot(self, *nodes) -> None:
+        """Boots every worker of `nodes` (tpu_v2.Nodes, endpoints set) on this machine: one
+        node, or the slices of a multislice in slice order, which share a coordinator port
+        and whose metadata has the `tpu-env` a multislice's has (`multislice_tpu_env`)."""
         consoles = self.root / "consoles"
         consoles.mkdir(parents=True, exist_ok=True)
-        endpoints = worker_endpoints([endpoint.ip_address for endpoint in node.network_endpoints])
         port = str(free_port())
-        workers = []
-        for index in range(len(node.network_endpoints)):
-            metadata = MetadataServer({**dict(node.metadata), "agent-worker-number": str(index),
-                                       "worker-network-endpoints": endpoints}).start()
-            environment = {**self.environment, "PODRACER_HOME": str(disk / f"worker-{index}"),
-                           "GCE_METADATA_HOST": metadata.host, "GCE_METADATA_IP": metadata.host,
-                           "PODRACER_COORDINATOR_PORT": port,
-                           UNITS_VARIABLE: str(self.root / "units" / f"{node_id}-worker-{index}")}
-            workers.append(_Worker(index, disk / f"worker-{index}",
-                                   consoles / f"{node_id}-worker-{index}.log", metadata, environment))
-        self._nodes[node.name] = _Node(node.name, workers, disk)
-        for worker in workers:
+        booted = []
+        for slice_id, node in enumerate(nodes):
+            node_id = node.name.rsplit("/", 1)[-1]
+            disk = self.root / "disks" / node_id
+            endpoints = worker_endpoints([endpoint.ip_address for endpoint in node.network_endpoints])
+            own = {"worker-network-endpoints": endpoints}
+            if len(nodes) > 1:
+                own["tpu-env"] = multislice_tpu_env(
+                    nodes[0].network_endpoints[0].ip_address, len(nodes), slice_id)
+            workers = []
+            for index in range(len(node.network_endpoints)):
+                metadata = MetadataServer({**dict(node.metadata), **own,
+                                           "agent-worker-number": str(index)}).start()
+                environment = {**self.environment, "PODRACER_HOME": str(disk / f"worker-{index}"),
+                               "GCE_METADATA_HOST": metadata.host, "GCE_METADATA_IP": metadata.host,
+                               "PODRACER_COORDINATOR_PORT": port,
+                               UNITS_VARIABLE: str(self.root / "units" / f"{node_id}-worker-{index}")}
+                workers.append(_Worker(index, disk / f"worker-{index}",
+                                       consoles / f"{node_id}-worker-{index}.log", metadata,
+                                       environment))
+            self._nodes[node.name] = _Node(node.name, workers, disk)
+            booted += workers
+        for worker in booted:
             worker.start()
 
     def guest_attributes(self, name: str) -> list[dict[str, str]]:

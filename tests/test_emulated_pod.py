@@ -28,7 +28,7 @@ RUN_DIR = "gs://podracer-runs/runs/pod"
 # Says what it was given, publishes its phase, leaves a child that ignores SIGTERM (as
 # one stuck in a collective would: only SIGKILL ends it), and on SIGTERM notes it and exits.
 FAKE_WORKER = r'''
-import json, os, signal, subprocess, sys, time, urllib.request
+import json, os, signal, subprocess, sys, time, urllib.error, urllib.request
 
 home = os.environ["PODRACER_HOME"]
 root = f"http://{os.environ['GCE_METADATA_HOST']}/computeMetadata/v1/instance/"
@@ -39,6 +39,13 @@ def metadata(path, data=None):
                                      headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         return answer.read().decode()
+
+
+def attribute(name):
+    try:
+        return metadata("attributes/" + name)
+    except urllib.error.HTTPError:  # 404: a single slice's workers have no tpu-env here
+        return None
 
 
 def stop(signum, frame):
@@ -54,7 +61,8 @@ with open(os.path.join(home, "boot.json"), "w") as f:
     json.dump({"worker": metadata("attributes/agent-worker-number"),
                "endpoints": metadata("attributes/worker-network-endpoints"),
                "run_dir": metadata("attributes/podracer-run-dir"),
-               "port": os.environ["PODRACER_COORDINATOR_PORT"], "cwd": os.getcwd()}, f)
+               "port": os.environ["PODRACER_COORDINATOR_PORT"], "cwd": os.getcwd(),
+               "tpu_env": attribute("tpu-env")}, f)
 subprocess.Popen([sys.executable, "-c", "import signal, time; "
                   "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
 metadata("guest-attributes/podracer/state", b"running")
@@ -217,6 +225,41 @@ def test_a_queued_resource_boots_its_node_when_active_and_its_delete_stops_it(po
 
     emulated.preempt("pod", grace_s=0)
     assert client.get_queued_resource(name=name).state.state == QueuedState.SUSPENDED
+    delete = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
+    client.delete_queued_resource(request=delete).result(timeout=30)
+    emulated.assert_nothing_left()
+
+
+def test_a_multislice_queued_resource_boots_every_slice_with_its_tpu_env_and_one_port(pod):
+    emulated, client = pod
+    params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(node_count=2, node_id_prefix="pod")
+    resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+        tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, multislice_params=params, node=_node())]))
+    client.create_queued_resource(parent=PARENT, queued_resource_id="pod",
+                                  queued_resource=resource).result(timeout=30)
+    name = f"{PARENT}/queuedResources/pod"
+    wait_until(lambda: client.get_queued_resource(name=name).state.state == QueuedState.ACTIVE,
+               30, "ACTIVE")
+    for node in ("pod-0", "pod-1"):
+        for worker in (0, 1):
+            emulated.wait_for_phase(node, worker, "running", timeout=60)
+
+    nodes = {node.name.rsplit("/", 1)[1]: node for node in client.list_nodes(parent=PARENT)}
+    assert sorted(nodes) == ["pod-0", "pod-1"]
+    assert all(node.queued_resource == name and node.multislice_node for node in nodes.values())
+    boots = {(node, worker): json.loads((emulated.root / "disks" / node / f"worker-{worker}" /
+                                         "boot.json").read_text())
+             for node in ("pod-0", "pod-1") for worker in (0, 1)}
+    assert len({boot["port"] for boot in boots.values()}) == 1  # one run's coordinator port
+    for (node, worker), boot in boots.items():
+        slice_id = node[-1]
+        assert boot["worker"] == str(worker)
+        assert boot["tpu_env"] == (f"MEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1:8080'\n"
+                                   f"MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '{slice_id}'\n"
+                                   f"MEGASCALE_PORT: '8080'\n")
+
+    emulated.preempt("pod-1", grace_s=0)  # one slice: the other trains on
+    assert len(emulated.alive()) == 2 and client.get_node(name=f"{PARENT}/nodes/pod-0").state == NodeState.READY
     delete = tpu_v2.DeleteQueuedResourceRequest(name=name, force=True)
     client.delete_queued_resource(request=delete).result(timeout=30)
     emulated.assert_nothing_left()

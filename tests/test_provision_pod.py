@@ -8,7 +8,8 @@ Each test is named for what it proves: a slice that trains to its end (the
 reference the others compare with), `preempt` as the guest agent shuts a VM down
 (`runner_only`: SIGTERM to the startup script's runner alone), `reboot`, `attach`
 after the launcher is killed, `detach` through an API outage longer than the
-launcher's retry deadline, and `sebulba` with envpool.
+launcher's retry deadline, `sebulba` with envpool, and `multislice`: two slices of
+two workers as one run of four processes.
 """
 
 from __future__ import annotations
@@ -108,8 +109,10 @@ def _attach(server, capsys, target: str = NAME) -> Outcome:
 
 
 def _run_dir(service) -> str | None:
-    creates = service.requests_of("CreateNode")
-    return creates[0].node.metadata[api_requests.RUN_DIR_KEY] if creates else None
+    nodes = ([create.node for create in service.requests_of("CreateNode")]
+             + [create.queued_resource.tpu.node_spec[0].node
+                for create in service.requests_of("CreateQueuedResource")])
+    return nodes[0].metadata[api_requests.RUN_DIR_KEY] if nodes else None
 
 
 def _bucket_text(bucket, run_dir: str, name: str) -> str:
@@ -128,25 +131,25 @@ def _explain(outcome: Outcome, pod, bucket) -> str:
     return "\n".join(texts)
 
 
-def _assert_finished(outcome: Outcome, pod, bucket) -> dict:
+def _assert_finished(outcome: Outcome, pod, bucket, processes: int = 2, steps: int = STEPS) -> dict:
     """The run ended well: its summary (read back from the bucket), every worker's exit 0."""
     assert outcome.status == 0, _explain(outcome, pod, bucket)
     summary = json.loads(_bucket_text(bucket, outcome.run_dir, "summary.json"))
-    assert summary["env_steps"] == STEPS and summary["processes"] == 2
-    for index in range(2):
+    assert summary["env_steps"] == steps and summary["processes"] == processes
+    for index in range(processes):
         assert _bucket_text(bucket, outcome.run_dir, f"logs/worker-{index}.exit") == "0"
     return summary
 
 
-def _final_state(run_dir: str) -> list[np.ndarray]:
+def _final_state(run_dir: str, steps: int = STEPS) -> list[np.ndarray]:
     """Every leaf of the run's last checkpoint (parameters, optimizer, environments, key)."""
-    assert checkpoint_steps(run_dir)[-1] == STEPS
+    assert checkpoint_steps(run_dir)[-1] == steps
     _, state = read_run(run_dir)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
 
 
-def _at_first_checkpoint(emulated, service, disturb) -> list:
-    """Once the run has a checkpoint: freeze the slice there (so it cannot finish first),
+def _at_first_checkpoint(emulated, service, disturb, nodes=(NAME,)) -> list:
+    """Once the run has a checkpoint: freeze the slice (its `nodes`) there (so it cannot finish first),
     then `disturb()`. The list gets the checkpoints' steps seen then (read before the
     freeze: nothing is asked of the bucket while a worker may be frozen mid-request)."""
     noted = []
@@ -159,7 +162,8 @@ def _at_first_checkpoint(emulated, service, disturb) -> list:
         return bool(steps)
 
     def act():
-        emulated.pause(NAME)
+        for node in nodes:
+            emulated.pause(node)
         disturb()
 
     emulated.when(checkpointed, act)
@@ -364,4 +368,55 @@ def test_sebulba_with_envpool_trains_on_the_slice_to_its_summary(pod, gcs_bucket
     for index in range(2):
         assert _bucket_text(gcs_bucket, outcome.run_dir, f"logs/worker-{index}.exit") == "0"
     assert f"results in {outcome.run_dir}:" in outcome.out
+    emulated.assert_nothing_left()
+
+
+# Two slices of 2 workers (a queued resource's nodes pod-0 and pod-1), each worker one
+# process of the run: 16 environments split over the preflight's 2 x v4-16 (16 devices);
+# 4 updates, a checkpoint after the second.
+MULTISLICE_STEPS = 4096
+MULTISLICE = ["--arch=anakin", "--algo=ppo", "--env=CartPole-v1", f"--total-steps={MULTISLICE_STEPS}",
+              "--num-envs=16", "--rollout-len=64", "--updates-per-call=1",
+              f"--checkpoint-every={CHECKPOINT_EVERY}"]
+
+
+def test_multislice_two_slices_train_as_one_run_restart_together_after_one_is_preempted_and_match_one_process(
+        pod, gcs_bucket, capsys, tmp_path):
+    """One run over every worker of both slices (jax.distributed's processes numbered
+    slice by slice, worker 0 of slice 0 coordinating); a preemption of slice 1 loses the
+    run, and the launcher creates both slices again, which resume from the checkpoint;
+    the run ends where one process with as many devices ends."""
+    emulated, server = pod
+    slices = (f"{NAME}-0", f"{NAME}-1")
+    preempted = _at_first_checkpoint(emulated, server.service,
+                                     lambda: emulated.preempt(slices[1], grace_s=2), slices)
+
+    status = main([f"--tpu={NAME}", *_flags(server), "--accelerator-type=v4-16", "--queued",
+                   "--num-slices=2", "--max-restarts=1", f"--bucket={BUCKET}",
+                   "--max-run-time=400", *MULTISLICE])
+    out, err = capsys.readouterr()
+    outcome = Outcome(status, out, err, _run_dir(server.service) or "")
+
+    summary = _assert_finished(outcome, emulated, gcs_bucket, processes=4, steps=MULTISLICE_STEPS)
+    assert summary["devices"] == 4
+    (create, again) = server.service.requests_of("CreateQueuedResource")
+    assert create.queued_resource.tpu.node_spec[0].multislice_params.node_count == 2
+    assert preempted and preempted[0][-1] < MULTISLICE_STEPS, preempted
+    assert f"TPU {NAME}-1 was PREEMPTED during the run; restart 1 of 1" in out, out
+    # Every worker of the new slices resumed from the bucket's checkpoint, as process
+    # 2 x slice + worker, joined to worker 0 of slice 0.
+    logs = [_bucket_text(gcs_bucket, outcome.run_dir, f"logs/worker-{index}.log") for index in range(4)]
+    for index, log in enumerate(logs):
+        assert f"--num-processes=4 --process-id={index}" in log, log[-2000:]
+    resumed = re.search(r"from env step ([\d,]+)", logs[0])
+    assert resumed and 0 < int(resumed[1].replace(",", "")) < MULTISLICE_STEPS, logs[0][-2000:]
+
+    one = tmp_path / "one"
+    alone = subprocess.run([sys.executable, str(REPO / "launch" / "tpu.py"), *MULTISLICE,
+                            "--cpu-devices=4", f"--run-dir={one}"], cwd=REPO, capture_output=True,
+                           text=True, timeout=400, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    for got, want in zip(_final_state(outcome.run_dir, MULTISLICE_STEPS),
+                         _final_state(str(one), MULTISLICE_STEPS), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
     emulated.assert_nothing_left()

@@ -23,7 +23,8 @@ answered UNIMPLEMENTED, so `requests == []` means the server saw no call at all.
 
 With an `EmulatedPod` (tests/emulated_pod.py) attached, every node's workers boot
 for real on this machine (at 127.0.0.1): their guest attributes are what they
-published, and deleting the node stops them.
+published, and deleting the node stops them. A multislice queued resource
+(`multislice_params`) has `node_count` nodes, booted together as one run's slices.
 """
 
 from __future__ import annotations
@@ -302,17 +303,28 @@ class FakeTpuService:
         return returned
 
     def _materialize_nodes(self, queued_resource: str, resource) -> None:
-        """An ACTIVE queued resource has its nodes, READY, then on along `node_states`."""
+        """An ACTIVE queued resource has its nodes, READY, then on along `node_states`: a
+        node spec's `node_id`, or a multislice's `node_count` nodes `PREFIX-0`, `PREFIX-1`,
+        ... (the prefix defaults to the queued resource's id)."""
         for spec in resource.tpu.node_spec:
-            node_name = f"{spec.parent}/nodes/{spec.node_id}"
-            if node_name not in self.nodes:
+            multislice = spec.multislice_params
+            node_ids = ([f"{multislice.node_id_prefix or queued_resource.rsplit('/', 1)[-1]}-{index}"
+                         for index in range(multislice.node_count)] if multislice.node_count
+                        else [spec.node_id])
+            booted = []
+            for node_id in node_ids:
+                node_name = f"{spec.parent}/nodes/{node_id}"
+                if node_name in self.nodes:
+                    continue
                 slot = self._new_node(node_name, spec.node, queued_resource)
+                slot.message.multislice_node = len(node_ids) > 1
                 slot.set_state(NodeState.READY)
                 slot.script = [state for state in self.node_states
                                if state not in (NodeState.CREATING, NodeState.READY)]
                 self.nodes[node_name] = slot
-                if self.pod is not None:
-                    self.pod.boot(slot.message)
+                booted.append(slot.message)
+            if self.pod is not None and booted:
+                self.pod.boot(*booted)
 
     def ListQueuedResources(self, request, context):
         resources = [tpu_v2.QueuedResource(slot.message)

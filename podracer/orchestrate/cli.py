@@ -229,15 +229,18 @@ def _run_dir_state(configs: dict[str, Any]) -> RunDirState:
 
 
 def _check_env(run_cfg: run_config.RunConfig) -> None:
-    """An environment id the architecture cannot run is refused before anything is built."""
+    """An environment id the architecture cannot run, or whose actions the algorithm cannot take, is
+    refused before anything is built."""
     if run_cfg.arch == "anakin":
         from podracer.anakin.env import make_env
 
-        make_env(run_cfg.env)
+        spec = make_env(run_cfg.env).spec
     else:
         from podracer.sebulba.envs import env_spec
 
-        env_spec(run_cfg.env)
+        spec = env_spec(run_cfg.env)
+    if run_cfg.algo in ALGORITHMS:
+        ALGORITHMS[run_cfg.algo].check_env(spec, run_cfg.env)
 
 
 def _is_main_process() -> bool:

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from podracer.errors import PodracerError
@@ -32,7 +33,29 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, axis: str = DATA_AXIS
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise PodracerError("no devices to build a mesh on; check --devices / the JAX platform")
-    return Mesh(np.asarray(devices), (axis,), axis_types=(AxisType.Auto,))
+    return Mesh(data_axis_order(devices), (axis,), axis_types=(AxisType.Auto,))
+
+
+def data_axis_order(devices: Sequence[jax.Device]) -> np.ndarray:
+    """`devices` in the order the data axis takes them.
+
+    On several TPU slices joined over the data-centre network (multislice), slice
+    by slice, each slice's devices in the order its own interconnect favours, as
+    `create_hybrid_device_mesh` lays them out: a gradient average is then reduced
+    within each slice first, and only one partial sum per slice crosses the
+    slower network. Elsewhere (one slice, CPU and GPU devices, which have no
+    `slice_index`), as given.
+    """
+    slices = {getattr(device, "slice_index", 0) for device in devices}
+    if len(slices) == 1 or len(devices) % len(slices):
+        return np.asarray(devices)
+    try:
+        return mesh_utils.create_hybrid_device_mesh((len(devices) // len(slices),),
+                                                    (len(slices),), devices)
+    except ValueError:
+        # Not whole slices (Sebulba's learner devices on each host): they keep process
+        # order, which is slice by slice too, as a multislice's processes are numbered.
+        return np.asarray(devices)
 
 
 def process_major(local_devices: Sequence[jax.Device]) -> list[jax.Device]:

@@ -79,12 +79,18 @@ def create_queued_resource_request(
 ) -> tpu_v2.CreateQueuedResourceRequest:
     """A queued resource that the API itself gives up on after `ready_timeout`.
 
-    `request_id` makes a retried create idempotent on the server.
+    `request_id` makes a retried create idempotent on the server. A multislice
+    (`spec.num_slices` > 1) is one node spec with `multislice_params` instead of
+    a node id: the API creates that many nodes of it, named `NAME-0`, `NAME-1`, ...
     """
+    NodeSpec = tpu_v2.QueuedResource.Tpu.NodeSpec
+    if spec.num_slices > 1:
+        node_spec = NodeSpec(parent=spec.parent, node=node, multislice_params=NodeSpec.MultisliceParams(
+            node_count=spec.num_slices, node_id_prefix=spec.name))
+    else:
+        node_spec = NodeSpec(parent=spec.parent, node_id=spec.name, node=node)
     resource = tpu_v2.QueuedResource(
-        tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
-            tpu_v2.QueuedResource.Tpu.NodeSpec(parent=spec.parent, node_id=spec.name, node=node)
-        ]),
+        tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]),
         queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(
             valid_until_duration=duration_pb2.Duration(seconds=int(ready_timeout))),
     )
@@ -109,16 +115,24 @@ def new_request_id() -> str:
     return str(uuid.uuid4())
 
 
-def get_node_request(spec: SliceSpec) -> tpu_v2.GetNodeRequest:
-    return tpu_v2.GetNodeRequest(name=spec.node_path)
+def num_slices_of(resource: tpu_v2.QueuedResource) -> int:
+    """How many slices a queued resource holds: 1, or its multislice's node count."""
+    specs = resource.tpu.node_spec
+    return max(1, specs[0].multislice_params.node_count) if specs else 1
+
+
+def get_node_request(spec: SliceSpec, node_id: str = "") -> tpu_v2.GetNodeRequest:
+    """Reads the slice's node (or the node `node_id`, one slice of a multislice)."""
+    return tpu_v2.GetNodeRequest(name=spec.node_path_of(node_id or spec.name))
 
 
 def get_queued_resource_request(spec: SliceSpec) -> tpu_v2.GetQueuedResourceRequest:
     return tpu_v2.GetQueuedResourceRequest(name=spec.queued_resource_path)
 
 
-def guest_attributes_request(spec: SliceSpec) -> tpu_v2.GetGuestAttributesRequest:
-    return tpu_v2.GetGuestAttributesRequest(name=spec.node_path, query_path=GUEST_ATTRIBUTES_QUERY)
+def guest_attributes_request(spec: SliceSpec, node_id: str = "") -> tpu_v2.GetGuestAttributesRequest:
+    return tpu_v2.GetGuestAttributesRequest(name=spec.node_path_of(node_id or spec.name),
+                                            query_path=GUEST_ATTRIBUTES_QUERY)
 
 
 def list_nodes_request(spec: SliceSpec) -> tpu_v2.ListNodesRequest:

@@ -97,6 +97,11 @@ def _make_parser(verb: str, program: str = LAUNCHER) -> _Parser:
         tier.add_argument("--reserved", action="store_true", help="use the project's reservation")
         slice_flags.add_argument("--queued", action="store_true",
                                  help="create a queued resource that waits for capacity")
+        slice_flags.add_argument("--num-slices", type=_count, default=1, metavar="N",
+                                 help="multislice: N slices of this shape as one queued resource "
+                                      "(needs --queued; nodes NAME-0 .. NAME-N-1), one run over "
+                                      "all their hosts, its data parallelism across slices "
+                                      "(default 1)")
         net = parser.add_argument_group("network and identity (as gcloud compute tpus tpu-vm create)")
         # gcloud calls it --network; here --network is the policy's (mlp, lstm, gru).
         net.add_argument("--vpc-network", dest="network",
@@ -244,11 +249,29 @@ def _creation(spec: SliceSpec, args: argparse.Namespace) -> SliceSpec:
     if not runtime_version:
         raise PodracerError(f"no default image for --accelerator-type={accelerator_type}; "
                             "pass --runtime-version (`gcloud compute tpus versions list`)")
+    _check_num_slices(args.num_slices, args.queued, accelerator_type or tpu_version)
     return dataclasses.replace(
         spec, accelerator_type=accelerator_type, tpu_version=tpu_version, topology=topology,
         runtime_version=runtime_version, spot=args.spot, reserved=args.reserved,
+        num_slices=args.num_slices,
         networking=validate.networking(args.network, args.subnetwork, args.internal_ips, args.tags),
         identity=validate.identity(args.service_account, args.scopes))
+
+
+def _check_num_slices(num_slices: int, queued: bool, accelerator: str) -> None:
+    if num_slices < 1:
+        raise PodracerError(f"--num-slices={num_slices}: a run needs at least one slice; "
+                            "leave it out for one, or e.g. --num-slices=2 --queued")
+    if num_slices == 1:
+        return
+    if not queued:
+        raise PodracerError(f"--num-slices={num_slices} needs --queued: the Cloud TPU API "
+                            "creates several slices together only as one queued resource")
+    version = accelerator.rsplit("-", 1)[0] if "-" in accelerator else accelerator
+    if version in slices.GENERATIONS and version not in slices.MULTISLICE_VERSIONS:
+        raise PodracerError(f"--num-slices={num_slices}: {version} has no multislice; use "
+                            f"one of {', '.join(slices.MULTISLICE_VERSIONS)} (e.g. "
+                            "--accelerator-type=v4-16)")
 
 
 def check_command(command: Command) -> None:
@@ -258,7 +281,8 @@ def check_command(command: Command) -> None:
         spec = command.spec
         shape = slices.slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
         if shape is not None:  # a version the table does not know is left to the API
-            preflight.check_layout(command.training_flags, shape)
+            preflight.check_layout(command.training_flags,
+                                   slices.multislice(shape, spec.num_slices))
         from podracer.provision import staging
 
         staging.slice_run_dir(command.bucket, command.training_flags, command.spec.name)

@@ -30,7 +30,7 @@ from podracer.provision.report import (
     list_table,
     where_to_look,
 )
-from podracer.provision.slices import slice_shape
+from podracer.provision.slices import multislice, slice_shape
 from podracer.provision.spec import Command, SliceSpec
 from podracer.provision.startup import make_startup_script, worker_config
 from podracer.session import storage
@@ -139,7 +139,8 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
                            _without_run_dir(command.training_flags), staging.UV_VERSION,
                            staging.python_version(), max_restarts=command.max_restarts,
                            max_run_time_s=command.timing.run_timeout,
-                           delete_when_done=_slice_address(spec, command) if self_delete else None)
+                           delete_when_done=_slice_address(spec, command) if self_delete else None,
+                           num_slices=spec.num_slices)
     script = make_startup_script(config)
     node = requests.make_node(spec, script, new_launch_id(), run_dir)
     if spec.queued:
@@ -153,8 +154,12 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
     shape = slice_shape(spec.accelerator_type, spec.tpu_version, spec.topology)
     notes = [f"run directory: {run_dir}"]
     if shape is not None:
-        notes.append(f"slice: {shape.describe()}, one process of the run per host; the "
-                     f"run's layout was checked for it")
+        notes.append(f"slice: {multislice(shape, spec.num_slices).describe()}, one process of "
+                     f"the run per host; the run's layout was checked for it")
+    if spec.num_slices > 1:
+        notes.append(f"multislice: one queued resource {spec.name} of {spec.num_slices} slices "
+                     f"({', '.join(spec.node_ids)}), joined over the data-centre network; the "
+                     "processes are numbered slice by slice, worker 0 of slice 0 coordinates")
     notes += [
              f"workers install {staged.wheel.name} and the {staging.LOCK_NAME} beside it "
              f"(uv {staging.UV_VERSION}, Python {staging.python_version()}), staged in "
@@ -199,17 +204,18 @@ def _spec_of(launch: Launch, spec: SliceSpec) -> SliceSpec:
     parts = create.parent.split("/")  # projects/P/locations/Z
     name = create.queued_resource_id if launch.queued else create.node_id
     return dataclasses.replace(spec, project=parts[1], zone=parts[3], name=name,
-                               queued=launch.queued)
+                               queued=launch.queued, num_slices=launch.num_slices)
 
 
 def _attach(api: TpuApi, command: Command, say: Say) -> int:
     """Follows a run again, from its launch record: to its end, restarts included."""
     launch = Launch.load(command.run_dir or _run_dir_of(api))
-    spec = dataclasses.replace(api.spec, queued=launch.queued)
+    spec = dataclasses.replace(api.spec, queued=launch.queued, num_slices=launch.num_slices)
     api = TpuApi(api.client, spec, api.timing)
     say(f"attached to the run in {launch.run_dir} on TPU {spec.name}"
         + (f" ({len(launch.restarts)} restarts so far)" if launch.restarts else ""))
-    node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+    node = api.send_or_none(requests.get_node_request(spec, spec.node_ids[0]),
+                            f"reading TPU {spec.node_ids[0]}")
     if node is None and logs.finished(launch.run_dir):
         say(f"the run has finished and TPU {spec.name} is gone")
         say_results(launch, spec, say)
@@ -229,26 +235,40 @@ def _status(api: TpuApi, say: Say) -> int:
         raise _no_such_slice(spec)
     if resource is not None:
         say(describe_queued_resource(resource))
-    if node is None:
-        return 0
-    for line in describe_node(node):
-        say(line)
-    try:
-        states = read_worker_states(api, spec, len(node.network_endpoints))
-    except ApiError as error:  # the slice's state is worth showing without its workers'
-        say(f"  workers: unknown ({error})")
-        states = []
-    run_dir = node.metadata.get(requests.RUN_DIR_KEY, "")
-    for line in ((describe_worker_table(node, states) if states else [])
-                 + (where_to_look(spec, run_dir) if run_dir else [])):
+    slices = [node] if node is not None else []
+    if node is None and resource is not None and requests.num_slices_of(resource) > 1:
+        # A multislice: its nodes are NAME-0, NAME-1, ..., once it is ACTIVE.
+        spec = dataclasses.replace(spec, num_slices=requests.num_slices_of(resource))
+        slices = [found for node_id in spec.node_ids if (found := api.send_or_none(
+            requests.get_node_request(spec, node_id), f"reading TPU {node_id}")) is not None]
+    run_dir = ""
+    for node in slices:
+        for line in describe_node(node):
+            say(line)
+        node_id = node.name.rsplit("/", 1)[-1]
+        try:
+            states = read_worker_states(api, spec, len(node.network_endpoints), node_id)
+        except ApiError as error:  # the slice's state is worth showing without its workers'
+            say(f"  workers: unknown ({error})")
+            states = []
+        for line in describe_worker_table(node, states) if states else []:
+            say(line)
+        run_dir = run_dir or node.metadata.get(requests.RUN_DIR_KEY, "")
+    for line in where_to_look(spec, run_dir) if run_dir else []:
         say(line)
     return 0
 
 
 def _run_dir_of(api: TpuApi) -> str:
-    """The run directory of the slice `api.spec` names, from the node's metadata."""
+    """The run directory of the slice `api.spec` names, from the node's metadata (a
+    multislice's, from its queued resource's node spec)."""
     spec = api.spec
     node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
+    if node is None:
+        resource = api.send_or_none(requests.get_queued_resource_request(spec),
+                                    f"reading queued resource {spec.name}")
+        if resource is not None and requests.num_slices_of(resource) > 1:
+            node = resource.tpu.node_spec[0].node
     run_dir = node.metadata.get(requests.RUN_DIR_KEY, "") if node is not None else ""
     if not run_dir:
         raise PodracerError(
@@ -320,9 +340,9 @@ def _dry_run(command: Command, say: Say) -> int:
         sent = [plan.create_request]
         if spec.queued:
             sent.append(requests.get_queued_resource_request(spec))
-        sent.append(requests.get_node_request(spec))
+        sent += [requests.get_node_request(spec, node_id) for node_id in spec.node_ids]
         if command.verb == "run":
-            sent.append(requests.guest_attributes_request(spec))
+            sent += [requests.guest_attributes_request(spec, node_id) for node_id in spec.node_ids]
             if not command.keep:
                 sent.append(requests.delete_request(spec))
     say(requests.describe_requests(sent))

@@ -101,10 +101,11 @@ def _is_ours(api: TpuApi, spec: SliceSpec, launch_id: str) -> bool:
     return labels.get(requests.LAUNCH_ID_LABEL) == launch_id
 
 
-def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> tpu_v2.Node:
-    """Waits for the slice to be READY (and, for a queued resource, ACTIVE first).
+def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> list[tpu_v2.Node]:
+    """Waits for the slice (every slice of a multislice) to be READY, and for a queued
+    resource to be ACTIVE first; returns the nodes, slice by slice.
 
-    Both waits share one deadline, `ready_timeout` from now.
+    Every wait shares one deadline, `ready_timeout` from now.
     """
     timing, start = api.timing, time.monotonic()
     if spec.queued:
@@ -112,21 +113,26 @@ def wait_until_ready(api: TpuApi, spec: SliceSpec, operation, say: Say) -> tpu_v
             api.wait_operation(operation, f"queueing TPU {spec.name}", timing.ready_timeout)
         _wait_until_active(api, spec, say, start)
         operation = None
-    watch = _Watch(say, f"TPU {spec.name}", timing.ready_timeout,
-                   f"TPU {spec.name} was not ready", start)
-    while True:
-        if operation is not None and api.operation_done(operation, f"creating TPU {spec.name}"):
-            operation = None
-        node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
-        state = node.state if node is not None else NodeState.CREATING
-        watch.show(state.name)
-        if state in LOST_NODE_STATES:
-            raise SliceLost(f"TPU {spec.name} was {state.name} before it was ready; "
-                            "run again, or use --reserved or --queued for steadier capacity")
-        if state == NodeState.READY and operation is None:
-            return node
-        watch.check_deadline()
-        time.sleep(timing.poll_interval)
+    nodes = []
+    for node_id in spec.node_ids:
+        watch = _Watch(say, f"TPU {node_id}", timing.ready_timeout,
+                       f"TPU {node_id} was not ready", start)
+        while True:
+            if operation is not None and api.operation_done(operation, f"creating TPU {node_id}"):
+                operation = None
+            node = api.send_or_none(requests.get_node_request(spec, node_id),
+                                    f"reading TPU {node_id}")
+            state = node.state if node is not None else NodeState.CREATING
+            watch.show(state.name)
+            if state in LOST_NODE_STATES:
+                raise SliceLost(f"TPU {node_id} was {state.name} before it was ready; "
+                                "run again, or use --reserved or --queued for steadier capacity")
+            if state == NodeState.READY and operation is None:
+                nodes.append(node)
+                break
+            watch.check_deadline()
+            time.sleep(timing.poll_interval)
+    return nodes
 
 
 def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say, start: float) -> None:
@@ -150,8 +156,10 @@ def _wait_until_active(api: TpuApi, spec: SliceSpec, say: Say, start: float) -> 
         time.sleep(api.timing.poll_interval)
 
 
-def read_worker_states(api: TpuApi, spec: SliceSpec, workers: int) -> list[WorkerState]:
-    """What each worker last published, by worker number; workers that have not reported are booting.
+def read_worker_states(api: TpuApi, spec: SliceSpec, workers: int,
+                       node_id: str = "") -> list[WorkerState]:
+    """What each worker of the slice (or of the node `node_id`, one slice of a
+    multislice) last published, by worker number; workers that have not reported are booting.
 
     The API answers one entry per worker without naming it, in no promised
     order, and may leave out a worker that has published nothing: each worker
@@ -159,8 +167,9 @@ def read_worker_states(api: TpuApi, spec: SliceSpec, workers: int) -> list[Worke
     entry is read as that worker's. An entry without a number (a worker program
     older than this launcher) counts by its position.
     """
-    response = api.send_or_none(requests.guest_attributes_request(spec),
-                                f"reading the workers of TPU {spec.name}")
+    node_id = node_id or spec.name
+    response = api.send_or_none(requests.guest_attributes_request(spec, node_id),
+                                f"reading the workers of TPU {node_id}")
     values: dict[int, str | None] = {}
     for position, attributes in enumerate(response.guest_attributes if response is not None else []):
         found = {entry.key: entry.value for entry in attributes.query_value.items
@@ -190,12 +199,13 @@ class RunOutcome:
 
 def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say,
                  deadline: float | None = None) -> RunOutcome:
-    """Waits until every worker has exited, or one has failed.
+    """Waits until every worker (`workers` per slice) has exited, or one has failed.
 
     One failed worker ends the wait: the others are blocked in collectives with
-    it and will not finish. Raises `SliceLost` when the slice is preempted,
+    it and will not finish. Raises `SliceLost` when a slice is preempted,
     deleted, or not READY for longer than `repair_timeout` (REPAIRING comes back
-    on its own). An API that cannot be reached, or credentials that cannot be
+    on its own): the slices of a multislice train as one run, so one slice lost
+    loses it. Workers are numbered as the run's processes, slice by slice. An API that cannot be reached, or credentials that cannot be
     refreshed, never end the wait: the slice is training, and is left to; the
     wait goes on, saying so, until `deadline` (a `time.monotonic()` value).
     """
@@ -207,8 +217,7 @@ def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say,
     outage_since = None
     while True:
         try:
-            node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
-            states = read_worker_states(api, spec, max(workers, 1)) if node is not None else []
+            nodes, states = _read_slices(api, spec, workers)
         except ApiError as error:
             if not error.transient:
                 raise
@@ -222,15 +231,20 @@ def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say,
         if outage_since is not None:
             say(f"the Cloud TPU API answers again after {time.monotonic() - outage_since:.0f} s")
             outage_since = None
-        if node is None:
-            raise SliceLost(f"TPU {spec.name} was deleted while the run was going")
-        if node.state in LOST_NODE_STATES:
-            raise SliceLost(f"TPU {spec.name} was {node.state.name} during the run")
-        if node.state != NodeState.READY:
+        for node_id, node in zip(spec.node_ids, nodes):
+            if node is None:
+                raise SliceLost(f"TPU {node_id} was deleted while the run was going")
+            if node.state in LOST_NODE_STATES:
+                raise SliceLost(f"TPU {node_id} was {node.state.name} during the run")
+        unhealthy = [(node_id, node.state) for node_id, node in zip(spec.node_ids, nodes)
+                     if node.state != NodeState.READY]
+        if unhealthy:
+            node_id, state = unhealthy[0]
             unhealthy_since = unhealthy_since or time.monotonic()
-            watch.show(f"TPU {node.state.name}")
+            watch.show(f"TPU {state.name}" if spec.num_slices == 1
+                       else f"TPU {node_id} {state.name}")
             if time.monotonic() - unhealthy_since > timing.repair_timeout:
-                raise SliceLost(f"TPU {spec.name} stayed {node.state.name} for "
+                raise SliceLost(f"TPU {node_id} stayed {state.name} for "
                                 f"{timing.repair_timeout:g} s during the run")
         else:
             unhealthy_since = None
@@ -239,6 +253,17 @@ def wait_for_run(api: TpuApi, spec: SliceSpec, workers: int, say: Say,
                 return RunOutcome(tuple(states))
         _check_deadline(watch, deadline)
         time.sleep(timing.poll_interval)
+
+
+def _read_slices(api: TpuApi, spec: SliceSpec, workers: int):
+    """(each slice's node or None, every worker's state, slice by slice)."""
+    nodes, states = [], []
+    for node_id in spec.node_ids:
+        node = api.send_or_none(requests.get_node_request(spec, node_id), f"reading TPU {node_id}")
+        nodes.append(node)
+        if node is not None:
+            states += read_worker_states(api, spec, max(workers, 1), node_id)
+    return nodes, states
 
 
 def _check_deadline(watch: _Watch, deadline: float) -> None:

@@ -118,9 +118,13 @@ def list_table(nodes: list[tpu_v2.Node], queued: list[tpu_v2.QueuedResource]) ->
     for resource in queued:
         name = resource.name.rsplit("/", 1)[-1]
         specs = resource.tpu.node_spec
-        if specs and specs[0].node_id in node_names:
+        # Shown by its nodes once it has them (a multislice's are NAME-0, NAME-1, ...).
+        if (specs and specs[0].node_id in node_names
+                or any(node.queued_resource == resource.name for node in nodes)):
             continue
         accelerator = node_shape(specs[0].node) if specs else "-"
+        slices = specs[0].multislice_params.node_count if specs else 0
+        accelerator = f"{slices} x {accelerator}" if slices > 1 else accelerator
         rows.append((name, accelerator, resource.state.state.name, "-", "yes"))
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()

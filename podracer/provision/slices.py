@@ -20,6 +20,10 @@ So v4-32 is 16 chips on 4 hosts of 4 devices; v6e-8 and v5litepod-8 are one
 host of 8 devices, v6e-16 is 4 hosts of 4. A topology (`--topology=2x2x4`)
 counts chips. A version missing here (a newer one) is not checked; the API
 says whether the slice exists.
+
+Multislice (several slices of one shape joined over the data-centre network,
+`--num-slices`) is for v4 and later (the Cloud TPU multislice documentation);
+the run sees every host of every slice, one process each.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ GENERATIONS = {
     "v5litepod": Generation(1, 1, 4, (1, 4, 8)),
     "v6e": Generation(1, 1, 4, (1, 4, 8)),
 }
+
+
+MULTISLICE_VERSIONS = ("v4", "v5p", "v5litepod", "v6e")
 
 
 class SliceShape(NamedTuple):
@@ -95,3 +102,11 @@ def slice_shape(accelerator_type: str = "", tpu_version: str = "",
         return SliceShape(name, 1, chips * generation.devices_per_chip)
     return SliceShape(name, chips // generation.chips_per_host,
                       generation.chips_per_host * generation.devices_per_chip)
+
+
+def multislice(shape: SliceShape, num_slices: int) -> SliceShape:
+    """What a run sees on `num_slices` slices of `shape`: the hosts of all of them."""
+    if num_slices == 1:
+        return shape
+    return SliceShape(f"{num_slices} x {shape.name}", shape.hosts * num_slices,
+                      shape.devices_per_host)

@@ -66,6 +66,10 @@ class SliceSpec:
 
     Its shape is `accelerator_type` (`v4-32`), or a TPU version and a chip
     topology (`v4`, `2x2x4`): exactly one of the two.
+
+    `num_slices` > 1 is a multislice: that many slices of this shape, created
+    together as one queued resource named `name`, whose nodes the API names
+    `name-0`, `name-1`, ... (its `node_id_prefix`).
     """
 
     project: str
@@ -80,11 +84,23 @@ class SliceSpec:
     topology: str = ""
     networking: Networking = Networking()
     identity: Identity = Identity()
+    num_slices: int = 1
 
     @property
     def shape(self) -> str:
-        """`v4-32`, or `v4 2x2x4`: the slice's shape as the user gave it."""
-        return self.accelerator_type or f"{self.tpu_version} {self.topology}".strip()
+        """`v4-32`, or `v4 2x2x4`: the slice's shape as the user gave it (`2 x v4-32`: multislice)."""
+        shape = self.accelerator_type or f"{self.tpu_version} {self.topology}".strip()
+        return f"{self.num_slices} x {shape}" if self.num_slices > 1 else shape
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        """The nodes: the slice itself, or a multislice's `name-0`, `name-1`, ..., slice by slice."""
+        if self.num_slices == 1:
+            return (self.name,)
+        return tuple(f"{self.name}-{index}" for index in range(self.num_slices))
+
+    def node_path_of(self, node_id: str) -> str:
+        return f"{self.parent}/nodes/{node_id}"
 
     @property
     def parent(self) -> str:
@@ -92,7 +108,7 @@ class SliceSpec:
 
     @property
     def node_path(self) -> str:
-        return f"{self.parent}/nodes/{self.name}"
+        return self.node_path_of(self.name)
 
     @property
     def queued_resource_path(self) -> str:

@@ -48,7 +48,7 @@ UNIT_STOP_TIMEOUT_S = 120
 def worker_config(run_dir: str, code_dir: str, files: dict[str, str], training_flags,
                   uv_version: str, python: str, log_interval_s: float = 10.0,
                   max_restarts: int = 0, max_run_time_s: float | None = None,
-                  delete_when_done: dict | None = None) -> dict:
+                  delete_when_done: dict | None = None, num_slices: int = 1) -> dict:
     """What `worker.py` reads: the run, the staged code, and the flags to train with.
 
     `max_restarts`: how often the workers start training again, together, from
@@ -56,13 +56,15 @@ def worker_config(run_dir: str, code_dir: str, files: dict[str, str], training_f
     `max_run_time_s`: how long after it first started training on this slice
     training is stopped (saving a checkpoint) whatever its progress, so that
     time spent queued for capacity does not count; `delete_when_done`: the slice worker 0 deletes once the run
-    has ended (`name`, `zone`, `project`, `api_endpoint`), or None.
+    has ended (`name`, `zone`, `project`, `api_endpoint`), or None; `num_slices`:
+    the slices of a multislice, whose workers join one run (the slice's own
+    metadata says which slice a worker is on).
     """
     return {"run_dir": run_dir, "code_dir": code_dir, "files": dict(files),
             "uv_version": uv_version, "python": python,
             "training_flags": list(training_flags), "log_interval_s": log_interval_s,
             "max_restarts": max_restarts, "max_run_time_s": max_run_time_s,
-            "delete_when_done": delete_when_done}
+            "delete_when_done": delete_when_done, "num_slices": num_slices}
 
 
 def worker_source(module=worker) -> str:

@@ -56,6 +56,10 @@ class Launch:
     def queued(self) -> bool:
         return isinstance(self.create, tpu_v2.CreateQueuedResourceRequest)
 
+    @property
+    def num_slices(self) -> int:
+        return requests.num_slices_of(self.create.queued_resource) if self.queued else 1
+
     def save(self) -> None:
         kind = type(self.create)
         record = {"run_dir": self.run_dir, "create_kind": kind.__name__,
@@ -115,11 +119,12 @@ def follow(api: TpuApi, launch: Launch, say: Say, *, create: bool, wait_for_end:
                     # UNAVAILABLE, which the server may have carried out.
                     might_exist = error.maybe_applied
                     raise
-                node = wait_until_ready(api, spec, operation, say)
+                nodes = wait_until_ready(api, spec, operation, say)
                 if launch.deadline_unix is None and launch.max_run_time_s:
                     launch.deadline_unix = time.time() + launch.max_run_time_s
                     launch.save()  # `attach` keeps the same deadline
-                for line in describe_node(node) + where_to_look(spec, launch.run_dir):
+                for line in ([line for node in nodes for line in describe_node(node)]
+                             + where_to_look(spec, launch.run_dir)):
                     say(line)
                 if not wait_for_end:
                     say(f"TPU {spec.name} keeps running, and billing, until you run: "
@@ -130,8 +135,10 @@ def follow(api: TpuApi, launch: Launch, say: Say, *, create: bool, wait_for_end:
                         say(line)
                     return 0
             else:
-                node = _live_node(api, spec)
-            outcome = wait_for_run(api, spec, len(node.network_endpoints), say, _deadline(launch))
+                nodes = _live_nodes(api, spec)
+            # Every slice of a multislice has the same shape: as many workers each.
+            outcome = wait_for_run(api, spec, len(nodes[0].network_endpoints), say,
+                                   _deadline(launch))
             if not outcome.succeeded:
                 worker = outcome.first_failed()
                 raise RunFailed(f"the run failed on TPU {spec.name}: {outcome.failure()}; its "
@@ -167,12 +174,15 @@ def _deadline(launch: Launch) -> float | None:
     return None if left is None else time.monotonic() + left
 
 
-def _live_node(api: TpuApi, spec: SliceSpec) -> tpu_v2.Node:
-    """The slice as it is now, for a launcher that attaches to it; lost if it is gone."""
-    node = api.send_or_none(requests.get_node_request(spec), f"reading TPU {spec.name}")
-    if node is None:
-        raise SliceLost(f"TPU {spec.name} is gone")
-    return node
+def _live_nodes(api: TpuApi, spec: SliceSpec) -> list[tpu_v2.Node]:
+    """The slices as they are now, for a launcher that attaches to them; lost if one is gone."""
+    nodes = []
+    for node_id in spec.node_ids:
+        node = api.send_or_none(requests.get_node_request(spec, node_id), f"reading TPU {node_id}")
+        if node is None:
+            raise SliceLost(f"TPU {node_id} is gone")
+        nodes.append(node)
+    return nodes
 
 
 def _restart(api: TpuApi, spec: SliceSpec, launch: Launch, lost: SliceLost, say: Say) -> None:

@@ -9,14 +9,18 @@ before podracer exists there, so it uses the standard library alone (Python
 On the worker it:
 
 1. reads its number and its peers from the metadata server (`agent-worker-number`,
-   `worker-network-endpoints`), and an access token for Cloud Storage;
+   `worker-network-endpoints`), and an access token for Cloud Storage; on a
+   multislice (`num_slices` > 1), its slice and the run's coordinator from the
+   slice's `tpu-env` (`MEGASCALE_*`): the run's processes are numbered slice by
+   slice, and worker 0 of slice 0 coordinates;
 2. downloads the staged wheel, lock and launcher from `RUN_DIR/code/`;
 3. installs them into a venv with `uv` (pinned), unless this very code is
    installed there already (a rebooted worker does not install again);
 4. waits until every worker of the slice has installed (a barrier of objects in
    the bucket, so install times may differ by any amount), then runs the
    launcher with the training flags, `--run-dir=RUN_DIR`, and on a slice of
-   several workers `--coordinator`, `--num-processes`, `--process-id`; if
+   several workers `--coordinator`, `--num-processes`, `--process-id` (with the
+   `MEGASCALE_*` variables in its environment on a multislice); if
    training fails (a worker rebooted, a peer was lost), every worker starts it
    again together, from the last checkpoint, up to `max_restarts` times (a worker
    that sees another at a later attempt's barrier stops its own training, which
@@ -55,9 +59,12 @@ import urllib.parse
 import urllib.request
 
 if __package__:  # imported, as podracer.provision.worker
-    from podracer.provision.worker_io import WORKER_ATTRIBUTE, Storage, metadata, publish_state
+    from podracer.provision.worker_io import (MEGASCALE_COORDINATOR, MEGASCALE_SLICE_ID,
+                                              WORKER_ATTRIBUTE, Storage, metadata, multislice,
+                                              publish_state)
 else:  # run on the VM, where the startup script writes worker_io.py beside this file
-    from worker_io import WORKER_ATTRIBUTE, Storage, metadata, publish_state  # type: ignore
+    from worker_io import (MEGASCALE_COORDINATOR, MEGASCALE_SLICE_ID,  # type: ignore
+                           WORKER_ATTRIBUTE, Storage, metadata, multislice, publish_state)
 
 COORDINATOR_PORT = 8476  # the port jax.distributed uses on TPU slices
 
@@ -70,10 +77,15 @@ class Worker:
         self.config = config
         self.home = home
         self.storage = Storage()
-        self.index = int(metadata("instance/attributes/agent-worker-number", "0") or 0)
+        self.worker = int(metadata("instance/attributes/agent-worker-number", "0") or 0)
         endpoints = metadata("instance/attributes/worker-network-endpoints", "") or ""
-        # Each entry is `ID:PROCESS:IP`; worker i is entry i.
+        # Each entry is `ID:PROCESS:IP`; worker i of this slice is entry i.
         self.peers = [entry.split(":")[-1] for entry in endpoints.split(",") if entry.strip()]
+        self.megascale, self.not_a_slice = multislice(int(config.get("num_slices", 1)))
+        per_slice = max(1, len(self.peers))
+        self.processes = per_slice * int(config.get("num_slices", 1))
+        # The run's process number: slice by slice, as JAX numbers a multislice's processes.
+        self.index = int(self.megascale.get(MEGASCALE_SLICE_ID, 0)) * per_slice + self.worker
         self.log_path = os.path.join(home, "worker.log")
         self.log_url = f"{config['run_dir']}/logs/worker-{self.index}.log"
         self.code = os.path.join(home, "code")
@@ -153,10 +165,13 @@ class Worker:
     def training_command(self, files: dict) -> list:
         command = [os.path.join(self.venv, "bin", "python"), files["launcher"],
                    *self.config["training_flags"], f"--run-dir={self.config['run_dir']}"]
-        if len(self.peers) > 1:
+        if self.processes > 1:
             port = int(os.environ.get("PODRACER_COORDINATOR_PORT", COORDINATOR_PORT))
-            command += [f"--coordinator={self.peers[0]}:{port}",
-                        f"--num-processes={len(self.peers)}", f"--process-id={self.index}"]
+            # Worker 0 of the slice, or of slice 0: the address JAX itself would take.
+            host = (self.megascale[MEGASCALE_COORDINATOR].split(":")[0] if self.megascale
+                    else self.peers[0])
+            command += [f"--coordinator={host}:{port}",
+                        f"--num-processes={self.processes}", f"--process-id={self.index}"]
         return command
 
     # The barrier ------------------------------------------------------------
@@ -177,7 +192,7 @@ class Worker:
         url = self._barrier_url(attempt)
         self.storage.upload(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()).encode(),
                             f"{url}worker-{self.index}")
-        workers = max(1, len(self.peers))
+        workers = self.processes
         deadline = time.monotonic() + float(self.config.get("barrier_timeout_s", 1800))
         while time.monotonic() < deadline:
             if len(self.storage.list(url)) >= workers:
@@ -229,7 +244,8 @@ class Worker:
         self.say("$ " + " ".join(command))
         publish_state("running")
         with open(self.log_path, "a") as log:
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir)
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir,
+                                     env={**os.environ, **self.megascale})
 
         def stop(signum, _frame):  # a preempted or stopped VM: let training save and exit
             self._stopped = True
@@ -255,7 +271,7 @@ class Worker:
                     return child.wait(timeout=poll)
                 except subprocess.TimeoutExpired:
                     pass
-                if len(self.peers) > 1 and self._peer_started_again(attempt):
+                if self.processes > 1 and self._peer_started_again(attempt):
                     # Its collectives wait on a process that is gone: nothing can be saved,
                     # the checkpoint in the bucket is where every worker starts again.
                     self.say(f"another worker started attempt {attempt + 1} (it rebooted, or its "
@@ -281,7 +297,7 @@ class Worker:
         if not address or self.index != 0:
             return
         logs = f"{self.config['run_dir']}/logs/"
-        workers = max(1, len(self.peers))
+        workers = self.processes
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -303,7 +319,8 @@ class Worker:
     def main(self) -> int:
         exit_file = os.path.join(self.home, "exit_code")
         finished = _read(exit_file)
-        publish_state(str(self.index), WORKER_ATTRIBUTE)  # before any state: whose states they are
+        # Before any state: whose states they are (the API lists a slice's workers unnamed).
+        publish_state(str(self.worker), WORKER_ATTRIBUTE)
         if finished is not None:  # a reboot after the run ended must not start it over
             publish_state(f"exit={finished}")
             return 0
@@ -312,8 +329,11 @@ class Worker:
         copier.start()
         try:
             publish_state("installing")
-            self.say(f"worker {self.index} of {max(1, len(self.peers))}; run directory "
+            self.say(f"worker {self.index} of {self.processes}; run directory "
                      f"{self.config['run_dir']}")
+            if self.not_a_slice:
+                self.say(self.not_a_slice)
+                return self._finish(exit_file, "exit", 1)
             try:
                 files = self._fetch_code()
             except (OSError, urllib.error.URLError) as error:

@@ -21,6 +21,13 @@ GUEST_ATTRIBUTE = "podracer/state"
 # attributes without saying whose each is, so the launcher reads it from here.
 WORKER_ATTRIBUTE = "podracer/worker"
 HTTP_TIMEOUT_S = 60
+# A multislice's slices: where the Cloud TPU service tells each worker which slice it is
+# on and who coordinates (its `tpu-env` metadata, as JAX's own TPU cluster detection
+# reads it), and what libtpu's multislice (Megascale) runtime reads from the environment.
+TPU_ENV = "instance/attributes/tpu-env"
+MEGASCALE_COORDINATOR, MEGASCALE_NUM_SLICES = "MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES"
+MEGASCALE_SLICE_ID, MEGASCALE_PORT = "MEGASCALE_SLICE_ID", "MEGASCALE_PORT"
+DEFAULT_MEGASCALE_PORT = "8080"
 
 
 def _metadata_root() -> str:
@@ -49,6 +56,45 @@ def metadata(path: str, default: str | None = None, attempts: int = 8) -> str | 
                 raise
         time.sleep(2 ** attempt)
     return default
+
+
+def parse_tpu_env(text: str) -> dict:
+    """`tpu-env` metadata (one `KEY: 'value'` a line) as a dict."""
+    values = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon:
+            values[key.strip()] = value.strip().strip("'\"")
+    return values
+
+
+def megascale_environment(tpu_env: dict, num_slices: int) -> dict:
+    """The multislice variables for training: coordinator, slice count, slice id, port.
+
+    Raises ValueError (one line) where the slice's metadata does not make this
+    worker one of `num_slices` slices.
+    """
+    missing = [key for key in (MEGASCALE_COORDINATOR, MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID)
+               if not tpu_env.get(key)]
+    if missing:
+        raise ValueError(f"the slice's tpu-env metadata has no {', '.join(missing)}: this node "
+                         f"is not one slice of a multislice of {num_slices}")
+    if tpu_env[MEGASCALE_NUM_SLICES] != str(num_slices):
+        raise ValueError(f"the slice's tpu-env metadata says {tpu_env[MEGASCALE_NUM_SLICES]} "
+                         f"slices, the launcher created {num_slices}")
+    return {MEGASCALE_COORDINATOR: tpu_env[MEGASCALE_COORDINATOR],
+            MEGASCALE_NUM_SLICES: str(num_slices), MEGASCALE_SLICE_ID: tpu_env[MEGASCALE_SLICE_ID],
+            MEGASCALE_PORT: tpu_env.get(MEGASCALE_PORT) or DEFAULT_MEGASCALE_PORT}
+
+
+def multislice(num_slices: int) -> tuple:
+    """(the MEGASCALE_* variables, or {} for one slice; what is wrong, or "")."""
+    if num_slices == 1:
+        return {}, ""
+    try:
+        return megascale_environment(parse_tpu_env(metadata(TPU_ENV, "") or ""), num_slices), ""
+    except ValueError as error:
+        return {}, str(error)
 
 
 def publish_state(value: str, attribute: str = GUEST_ATTRIBUTE) -> None:
