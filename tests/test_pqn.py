@@ -102,6 +102,25 @@ def test_one_device_matches_eight():
     np.testing.assert_allclose(m1["epsilon"], [0.05, 0.05, 0.05], rtol=1e-6)
 
 
+def test_a_populations_agent_acts_on_its_own_traced_schedule_as_a_run_of_its_own():
+    from podracer.population import with_values
+
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    agent_for = lambda hparams, axes: pqn.make_agent(NETWORK, optax.sgd(1e-2), with_values(PQN, hparams), ENV.spec,
+                                                     CONFIG.rollout_len, axes)
+    alone = make_programs(ENV, lambda h, axes: agent_for({"epsilon_start": 0.5}, axes), CONFIG, mesh)
+    expected, alone_metrics = alone.train(alone.init(jax.random.PRNGKey(1)))
+    programs = make_programs(ENV, agent_for, CONFIG, mesh, population=True)
+    keys = jnp.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
+    runner, metrics = programs.train(programs.init(keys, {"epsilon_start": jnp.asarray([1.0, 0.5])}))
+    # Each agent's epsilon falls from its own start to 0.05 over the first 3 of the 6 updates.
+    np.testing.assert_allclose(metrics["epsilon"][:, 0], [1.0, 1 - 0.95 / 3, 1 - 2 * 0.95 / 3], rtol=1e-6)
+    np.testing.assert_allclose(metrics["epsilon"][:, 1], [0.5, 0.5 - 0.45 / 3, 0.5 - 2 * 0.45 / 3], rtol=1e-6)
+    np.testing.assert_allclose(metrics["epsilon"][:, 1], alone_metrics["epsilon"], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(expected.train), jax.tree.leaves(jax.tree.map(lambda x: x[1], runner.train))):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
 def test_the_manuals_own_loop_snippet_runs_an_update():
     text = open(f"{REPO_ROOT}/docs/pqn.md").read()
     source = re.search(r"<!-- snippet: pqn-update -->\s*```python\n(.*?)```", text, re.S).group(1)
