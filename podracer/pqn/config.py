@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from podracer.bounds import NON_NEGATIVE, POSITIVE, UNIT, bounded, check_bounds
+from podracer.ppo.config import PPOConfig
 
 # What the NaN guard tells a user whose PQN run diverged.
 PQN_FIX = "lower --lr or --max-grad-norm, or scale rewards down with --reward-scale"
@@ -45,12 +46,8 @@ class PQNConfig:
     def __post_init__(self):
         check_bounds(self)
 
-    def batch_problem(self, rollout_len: int, envs_per_device: int) -> str | None:
-        """Why a [rollout_len, envs_per_device] batch cannot be cut into minibatches, or None."""
-        if rollout_len % self.minibatches:
-            return (f"--rollout-len={rollout_len} does not split into --minibatches={self.minibatches}; "
-                    f"make the rollout length a multiple of the minibatch count")
-        return None
+    # Minibatches are cut along each environment's steps, as PPO's are: the same rollout lengths fit.
+    batch_problem = PPOConfig.batch_problem
 
 
 def with_run_updates(configs: dict[str, Any]) -> PQNConfig:
