@@ -3,14 +3,15 @@
 Per environment and algorithm (`--algos`), with the (sebulba, algo, env)
 preset, in this one process:
 
-- sebulba: `podracer.sebulba.train_actor_critic`, steady-state env steps/s
+- sebulba: `podracer.sebulba.train_agent`, steady-state env steps/s
   (compilation and the first quarter of the run excluded).
 - env ceiling: raw envpool, the same batches (environments per actor thread,
   envpool threads, recv batch size, one Python thread per actor thread),
   stepped with random actions and no policy.
-- inference ceiling: the actors' compiled policy step alone (observations in,
-  actions, log-probabilities and values out, both copies included) on batches
-  of the same shape, one Python thread per actor thread.
+- inference ceiling: the actors' compiled work alone, one Python thread per
+  actor thread: the agent's `act` step on batches of the same shape
+  (observations in, its packed output out, both copies included), and once
+  per trajectory its `prepare` (PPO's and IMPALA's behaviour values).
 - learner ceiling: the compiled learner step alone, on a fixed batch of the same
   shape on the same learner devices.
 - efficiency = sps / min(env ceiling, learner ceiling): the bound where actors
@@ -118,8 +119,51 @@ def _threads_rate(work, num_threads: int, counts: list, stop: threading.Event, s
     return steps / elapsed
 
 
+def _agent(configs: dict):
+    """The run's agent on its network, with fresh state: (spec, agent, acting state)."""
+    import jax
+    import optax
+
+    from podracer.algorithms import algorithm
+    from podracer.sebulba.envs import env_spec
+
+    algo, algo_config = algorithm(configs)
+    spec = env_spec(configs["run"].env)
+    network = algo.make_network(spec, configs["network"])
+    agent = algo.make_agent(network, optax.sgd(0.0), algo_config, spec, configs["sebulba"].rollout_len)
+    return spec, agent, agent.acting_state(agent.init(jax.random.PRNGKey(0)))
+
+
+def _observations(spec, shape, rng):
+    import numpy as np
+
+    if spec.obs_dtype == np.uint8:
+        return rng.integers(0, 255, (*shape, *spec.obs_shape), dtype=np.uint8)
+    return 0.1 * rng.normal(size=(*shape, *spec.obs_shape)).astype(np.float32)
+
+
+def _trajectory(agent, acting_state, spec, num_steps: int, num_envs: int, rng):
+    """A plausible trajectory of a fresh agent (its own actions and extras on random observations)."""
+    import jax
+    import numpy as np
+
+    from podracer.agent import Trajectory
+
+    flat = num_steps * num_envs
+    obs = _observations(spec, (flat,), rng)
+    randomness = jax.vmap(agent.draw)(jax.random.split(jax.random.PRNGKey(1), flat))
+    carry = agent.initial_carry(flat)
+    action, carry, extras = jax.jit(agent.act)(acting_state, obs, randomness, carry)
+    rows = lambda tree: jax.tree.map(lambda x: np.asarray(x).reshape(num_steps, num_envs, *x.shape[1:]), tree)
+    obs, action, extras, carry = rows((obs, action, extras, carry))
+    shape = (num_steps, num_envs)
+    return Trajectory(obs, action, np.ones(shape, np.float32), rng.random(shape) < 0.01, np.zeros(shape, bool),
+                      obs, extras, carry, obs[-1], jax.tree.map(lambda x: x[-1], carry))
+
+
 def inference_ceiling(configs: dict, seconds: float) -> float:
-    """Policy steps/s alone: the actors' compiled policy step on observations of their batch's shape.
+    """Acting steps/s alone: the actors' compiled act step on observations of their batch's shape,
+    and their `prepare` once per trajectory.
 
     One Python thread per actor thread, each on its actor device, each call
     copying the observations in and the packed output out, as an actor does.
@@ -127,33 +171,31 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
     import jax
     import numpy as np
 
-    from podracer.algorithms import algorithm
-    from podracer.networks import init_params, make_network
-    from podracer.normalize import init_running_stats
-    from podracer.sebulba.actor import make_policy_step
-    from podracer.sebulba.envs import env_spec
+    from podracer.sebulba.actor import make_acting
 
-    run, net, sebulba = configs["run"], configs["network"], configs["sebulba"]
+    sebulba = configs["sebulba"]
     layout, split = _layout(configs)
-    spec = env_spec(run.env)
-    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation)
-    params = init_params(network, spec.obs_shape, spec.obs_dtype, jax.random.PRNGKey(0))
-    stats = init_running_stats(spec.obs_shape)
-    policy_step = make_policy_step(network.apply, algorithm(configs)[1])
+    spec, agent, acting_state = _agent(configs)
+    acting = make_acting(agent, acting_state, spec)
     rng = np.random.default_rng(0)
-    obs = (rng.integers(0, 255, (layout.env_batch, *spec.obs_shape), dtype=np.uint8)
-           if spec.obs_dtype == np.uint8 else rng.normal(size=(layout.env_batch, *spec.obs_shape)).astype(np.float32))
+    obs = _observations(spec, (layout.env_batch,), rng)
+    carry = jax.tree.map(np.asarray, agent.initial_carry(layout.env_batch))
+    trajectory = _trajectory(agent, acting_state, spec, sebulba.rollout_len, layout.envs_per_thread, rng)
+    calls_per_trajectory = sebulba.rollout_len * layout.envs_per_thread // layout.env_batch
     counts = [0] * layout.num_actor_threads
     stop = threading.Event()
 
     def act(index: int) -> None:
         device = split.actor[index // sebulba.actor_threads]
-        on_device = jax.device_put((params, stats), device)
+        on_device = jax.device_put(acting_state, device)
         key = jax.device_put(jax.random.PRNGKey(index), device)
+        jax.block_until_ready(acting.prepare(on_device, trajectory))  # compiled before the count starts
         while not stop.is_set():
-            key, packed = policy_step(*on_device, jax.device_put(obs, device), key)
-            np.asarray(packed)
-            counts[index] += layout.env_batch
+            for _ in range(calls_per_trajectory):
+                key, packed = acting.step(on_device, jax.device_put(obs, device), key, carry)
+                acting.unpack(np.asarray(packed))
+                counts[index] += layout.env_batch
+            jax.block_until_ready(acting.prepare(on_device, trajectory))
 
     return _threads_rate(act, layout.num_actor_threads, counts, stop, seconds, warm_up_s=1.0)  # compile, warm up
 
@@ -164,42 +206,31 @@ def serial_bound(*ceilings: float) -> float:
 
 
 def learner_ceiling(configs: dict, seconds: float) -> float:
-    """Learner steps/s alone: the compiled update on a fixed batch of the run's shape."""
+    """Learner steps/s alone: the compiled learner step on a fixed, prepared batch of the run's shape."""
     import jax
     import numpy as np
 
     from podracer.protocol import parallel
-    from podracer.sebulba.train import _column_shapes, build
+    from podracer.sebulba.train import build
 
     setup = build(configs)
-    rng = np.random.default_rng(0)
-    column = _column_shapes(setup.spec, configs["sebulba"].rollout_len)
-    envs, spec = setup.layout.envs_per_thread, setup.spec
-    shape = (column.reward.shape[0], envs)
-    # Plausible values (behaviour log-probabilities of a fresh policy, small
-    # observations): the update's numerics, hence its speed, match a real batch.
-    fixed = column._replace(
-        obs=(rng.integers(0, 255, (*shape, *spec.obs_shape), dtype=np.uint8) if spec.obs_dtype == np.uint8
-             else 0.1 * rng.normal(size=(*shape, *spec.obs_shape)).astype(np.float32)),
-        action=(rng.integers(0, spec.action_dim, shape, dtype=np.int32) if spec.discrete
-                else rng.normal(size=(*shape, spec.action_dim)).astype(np.float32)),
-        reward=np.ones(shape, np.float32),
-        terminated=rng.random(shape) < 0.01,
-        truncated=np.zeros(shape, bool),
-        value=np.zeros(shape, np.float32),
-        log_prob=np.full(shape, -np.log(spec.action_dim) if spec.discrete else -1.42 * spec.action_dim,
-                         np.float32),
-        final_value=np.zeros(shape, np.float32))
-
-    batch = jax.device_put(fixed, parallel.time_major_sharded(setup.mesh))
-    bootstrap = jax.device_put(np.zeros(envs, np.float32), parallel.sharded(setup.mesh))
+    agent, envs = setup.agent, setup.layout.envs_per_thread
+    acting_state = agent.acting_state(parallel.local_replica(setup.state))
+    # A fresh agent's own actions and behaviour values: the update's numerics, hence
+    # its speed, match a real batch.
+    trajectory = _trajectory(agent, acting_state, setup.spec, configs["sebulba"].rollout_len, envs,
+                             np.random.default_rng(0))
+    batch, bootstrap = jax.jit(agent.prepare)(acting_state, trajectory)
+    batch = parallel.from_host(batch, parallel.time_major_sharded(setup.mesh))
+    bootstrap, carry = parallel.from_host((bootstrap, jax.tree.map(np.asarray, agent.initial_carry(envs))),
+                                          parallel.sharded(setup.mesh))
     threads = setup.layout.num_actor_threads
-    state, key = setup.state, jax.random.PRNGKey(0)
-    state, _ = setup.step_fn(state, (batch,) * threads, (bootstrap,) * threads, key)
+    inputs = ((batch,) * threads, (bootstrap,) * threads, jax.random.PRNGKey(0), (carry,) * threads)
+    state, _ = setup.step_fn(setup.state, *inputs)
     jax.block_until_ready(state)
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds or updates < 2:
-        state, metrics = setup.step_fn(state, (batch,) * threads, (bootstrap,) * threads, key)
+        state, metrics = setup.step_fn(state, *inputs)
         jax.device_get(metrics)
         updates += 1
     return updates * setup.layout.steps_per_update / (time.perf_counter() - start)
@@ -209,11 +240,11 @@ def sebulba_run(configs: dict) -> dict:
     """Train; steady-state steps/s from metrics.jsonl, skipping the first quarter of the run."""
     import dataclasses
 
-    from podracer.sebulba.train import train_actor_critic
+    from podracer.sebulba.train import train_agent
 
     with tempfile.TemporaryDirectory() as run_dir:
         run = dataclasses.replace(configs["run"], run_dir=run_dir)
-        summary, _ = train_actor_critic({**configs, "run": run})
+        summary, _ = train_agent({**configs, "run": run})
         rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     first, last = rows[len(rows) // 4], rows[-1]
     if last["wall_s"] > first["wall_s"]:

@@ -7,7 +7,11 @@ how to learn from it. The architectures run any `Agent` and never name the
 algorithm: Anakin's one program builder (`podracer.anakin.loop`) steps the
 environments with `act`, hands the rollout to `prepare` and `learn`, vmaps the
 whole program over a population's agents and compiles `act` and `learn` apart
-for `--profile`.
+for `--profile`. Sebulba's actor threads (`podracer.sebulba.actor`) call `act`
+on their actor device with the latest `acting_state` the learner published,
+build the same `Trajectory` from the host environments' stream, `prepare` it
+there and ship the batch to the learner devices, which run `learn`
+(`podracer.sebulba.learner`) on the whole state.
 
 Every function is pure and jittable, and `make_agent` takes `axis_names` as
 `ppo.make_update` does: inside `shard_map` the architecture passes the mesh
@@ -40,6 +44,12 @@ agent on a network `apply(params, obs) -> (distribution, value)`):
 
         return Agent(init, act, prepare, learn, Rollout(rollout_len),
                      draw=lambda key: key, initial_carry=lambda num_envs: ())
+
+`act` and `prepare` see only `acting_state(state)`: the part of the state
+acting needs (by default all of it). Sebulba copies it to every actor device
+after each update, so an agent leaves out what would be costly to ship and
+acting never reads (PPO: its optimizer state; an agent with a replay buffer:
+the buffer, which then stays on the learner devices).
 
 Which experience an agent wants is a value the architecture reads: today a
 `Rollout` of T steps of every environment, learned from once. An agent that
@@ -89,17 +99,18 @@ class Agent(NamedTuple):
 
     `state` is the agent's own pytree of arrays (parameters, optimizer state,
     observation statistics, step counter; later a replay buffer); the
-    architecture carries it, checkpoints it and checks it is finite.
+    architecture carries it, checkpoints it and checks it is finite. `act` and
+    `prepare` are given `acting_state(state)`, `learn` the whole state.
     """
 
     init: Callable[[jax.Array], Any]
     """`init(key) -> state`."""
     act: Callable
-    """`act(state, obs [B, ...], randomness [B, ...], carry) -> (action [B, ...], carry, extras)`: one step
+    """`act(acting_state, obs [B, ...], randomness [B, ...], carry) -> (action [B, ...], carry, extras)`: one step
     of B environments. `carry` is the recurrent state before acting (`()` without one), zeroed by
     the architecture where an episode ended."""
     prepare: Callable
-    """`prepare(state, trajectory) -> (batch, bootstrap)`: what `learn` is given, computed with the
+    """`prepare(acting_state, trajectory) -> (batch, bootstrap)`: what `learn` is given, computed with the
     acting state right after the rollout (e.g. the behaviour values of every row, in one batch)."""
     learn: Callable
     """`learn(state, batch, bootstrap, key, carry) -> (state, metrics)`, where `carry` is the acting
@@ -111,3 +122,6 @@ class Agent(NamedTuple):
     the loop (e.g. a sample's noise); `lambda key: key` to draw inside `act`."""
     initial_carry: Callable[[int], Any]
     """`initial_carry(num_envs) -> carry` of fresh episodes (zeros); `()` for a feed-forward agent."""
+    acting_state: Callable[[Any], Any] = lambda state: state
+    """`acting_state(state) -> the part of it that `act` and `prepare` read`: what Sebulba's learner
+    publishes to its actors after every update (default: the whole state)."""

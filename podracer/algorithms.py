@@ -48,8 +48,6 @@ class Algorithm(NamedTuple):
     """What the NaN guard suggests."""
     actions: tuple[str, ...] = ("discrete", "continuous")
     """The action spaces it can act in."""
-    make_update: Callable | None = None
-    """An actor-critic's `make_update(apply_fn, optimizer, config, axis_names)`, for Sebulba's learner."""
     clones: bool = False
     """Whether `--init-from-dataset` can warm-start it (behaviour cloning of an actor-critic)."""
     settle: Callable | None = None
@@ -122,13 +120,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm(
         "ppo", ppo.PPOConfig, ("anakin", "sebulba"), _actor_critic_network, ppo.make_agent,
         _epochs_times_minibatches, _actor_critic_policy("ppo"), _load_actor_critic,
-        tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("clip_eps", "gae_lambda"))), PPO_FIX,
-        make_update=ppo.make_update, clones=True),
+        tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("clip_eps", "gae_lambda"))), PPO_FIX, clones=True),
     "impala": Algorithm(
         "impala", vtrace.ImpalaConfig, ("anakin", "sebulba"), _actor_critic_network, vtrace.make_agent,
         _epochs_times_minibatches, _actor_critic_policy("impala"), _load_actor_critic,
         tuple(sorted(_ACTOR_CRITIC_SWEEPABLE + ("c_bar", "pg_rho_bar", "rho_bar", "vtrace_lambda"))),
-        vtrace.IMPALA_FIX, make_update=vtrace.make_update, clones=True),
+        vtrace.IMPALA_FIX, clones=True),
     "sac": Algorithm(
         "sac", sac.SACConfig, ("anakin",), _sac_networks, sac.make_agent, lambda config: config.updates_per_rollout,
         sac.policy, sac.load_policy, ("gamma", "tau"), sac.SAC_FIX, actions=("continuous",)),

@@ -89,7 +89,12 @@ def main(argv) -> int:
         from podracer.video import check_path
 
         check_path(config.video)
-    act = load_policy(config.run_dir, config.deterministic, None if config.agent < 0 else config.agent)
+    agent = config.chosen_agent()
+    if agent == "best":  # a population's best agent, by index; a run of one agent its own
+        from podracer.policy import best_agent
+
+        agent = best_agent(config.run_dir) if run_config_of(config.run_dir).get("population") else None
+    act = load_policy(config.run_dir, config.deterministic, agent)
     if config.video and hasattr(act, "initial_carry"):
         raise PodracerError("eval --video draws feed-forward policies; this run's network is recurrent: "
                             "evaluate it without --video")
@@ -107,7 +112,7 @@ def main(argv) -> int:
         returns_of = envpool_returns if run["arch"] == "sebulba" else gymnax_returns
         returns = returns_of(act, run["env"], config.episodes, config.seed)
     print(f"{run['env']}: mean return {returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes")
-    print(json.dumps({"env": run["env"], **({"agent": config.agent} if config.agent >= 0 else {}),
+    print(json.dumps({"env": run["env"], **({"agent": agent} if agent is not None else {}),
                       "episodes": len(returns), "episode_return_mean": float(returns.mean()),
                       "episode_return_std": float(returns.std())}))
     if written is not None:

@@ -224,25 +224,6 @@ def initial_carry(network, batch_size: int):
     return (zeros, zeros) if network.cell == "lstm" else zeros
 
 
-def carry_width(network) -> int:
-    """Columns of `flatten_carry`'s [B, K] array: 0 for a feed-forward network."""
-    if not is_recurrent(network):
-        return 0
-    return network.core_size * (2 if network.cell == "lstm" else 1)
-
-
-def flatten_carry(carry) -> jax.Array:
-    """A carry's leaves side by side as one float32 [B, K] array (what a host keeps per environment)."""
-    return jnp.concatenate(jax.tree.leaves(carry), axis=-1)
-
-
-def unflatten_carry(network, flat: jax.Array):
-    """`flatten_carry`'s inverse for `network`'s carry."""
-    if network.cell == "lstm":
-        return flat[..., :network.core_size], flat[..., network.core_size:]
-    return flat
-
-
 def reset_carry(carry, reset: jax.Array):
     """`carry` with the rows where `reset` ([B] bool) zeroed: a fresh episode's state."""
     return jax.tree.map(lambda c: jnp.where(reset.reshape(reset.shape + (1,) * (c.ndim - 1)),

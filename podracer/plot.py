@@ -15,7 +15,11 @@ mean fitness (`episode_return_mean`) beside it, thin and dashed.
 A population run (`--num-seeds`, `--sweep`) draws each agent thinly and the IQM
 over agents with its 95% bootstrap CI band: one IQM and band per setting of a
 finished sweep (its `summary.json` names each agent's setting), so that a
-setting's curve is never averaged with another's.
+setting's curve is never averaged with another's. A population-based training
+run (`--pbt`) draws the IQM over every agent (their settings change as they
+train) and, in a panel per swept setting, its lineage: each agent's value over
+the run, and each exploit event as a dotted line from the agent copied to the
+agent that copied it, at the end of the call that ranked them.
 """
 
 from __future__ import annotations
@@ -153,6 +157,8 @@ def _settings(run_dir: str, num_agents: int) -> list[tuple[str | None, list[int]
     from podracer import population
 
     by_setting: dict[str, list[int]] = {}
+    if _summary(run_dir).get("pbt"):  # agents change settings as they train: one group
+        return [(None, list(range(num_agents)))]
     for agent in _summary(run_dir).get("agents") or []:
         by_setting.setdefault(population.setting_label(agent["settings"]), []).append(agent["agent"])
     if len(by_setting) < 2 or sorted(sum(by_setting.values(), [])) != list(range(num_agents)):
@@ -205,6 +211,39 @@ def _population(axes, run_dir: str, headline: Curve, y_label: str) -> None:
             ax.grid(alpha=0.3)
 
 
+def read_lineage(run_dir: str) -> dict[str, Any] | None:
+    """A PBT run's lineage, None for another run: `env_steps` [rows], `settings` (name -> each agent's
+    value [A, rows]) and `events` (every exploit event of its rows, with its `env_steps`)."""
+    from podracer.session.population import SETTING
+
+    rows = [row for row in _rows(run_dir) if isinstance(row.get("agents"), list)]
+    names = [key[len(SETTING):] for key in (rows[0]["agents"][0] if rows else {}) if key.startswith(SETTING)]
+    if not names:
+        return None
+    return {"env_steps": np.asarray([row["env_steps"] for row in rows], float),
+            "settings": {name: np.asarray([[a[SETTING + name] for a in row["agents"]] for row in rows]).T
+                         for name in names},
+            "events": [{**event, "env_steps": row["env_steps"]} for row in rows for event in row.get("pbt") or ()]}
+
+
+def _lineage(axes, run_dir: str, lineage: dict[str, Any]) -> None:
+    """One panel per swept setting: each agent's value over the run, and each exploit event."""
+    x = lineage["env_steps"]
+    for ax, (name, values) in zip(axes, lineage["settings"].items()):
+        colors = [ax.step(x, agent, where="post", linewidth=1)[0].get_color() for agent in values]
+        for event in lineage["events"]:  # at the step of its call: from the donor's value to the new one
+            column = int(np.searchsorted(x, event["env_steps"]))
+            copied = values[event["from"], max(column - 1, 0)]
+            ax.plot([x[column]] * 2, [copied, values[event["to"], column]], linestyle=":", marker=".",
+                    markevery=[0], color=colors[event["to"]], linewidth=1)
+        if np.all(values > 0) and values.max() > 10 * values.min():
+            ax.set_yscale("log")
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel(name.replace("_", "-"))
+        ax.set_title(f"PBT lineage of {len(values)} agents: {_run_name(run_dir)}", fontsize=9)
+        ax.grid(alpha=0.3)
+
+
 def figure(run_dirs: list[str]):
     """The plot as a matplotlib `Figure` (not registered with pyplot, so nothing to close)."""
     from matplotlib.figure import Figure
@@ -212,9 +251,14 @@ def figure(run_dirs: list[str]):
     y_label, groups = plan(run_dirs)
     profiles = [(run_dir, _summary(run_dir)["profile"]) for run_dir in run_dirs
                 if _summary(run_dir).get("profile")]
-    panels = 2 + bool(profiles)
+    lineages = [(run_dir, lineage) for run_dir in run_dirs if (lineage := read_lineage(run_dir))]
+    panels = 2 + bool(profiles) + sum(len(lineage["settings"]) for _, lineage in lineages)
     fig = Figure(figsize=(6 * panels, 4.5))
     axes = fig.subplots(1, panels)
+    first = 2 + bool(profiles)
+    for run_dir, lineage in lineages:
+        _lineage(axes[first:], run_dir, lineage)
+        first += len(lineage["settings"])
     for group in groups:
         if any(isinstance(row.get("agents"), list) for row in _rows(group.run_dirs[0])):
             for run_dir in group.run_dirs:

@@ -13,7 +13,7 @@ from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpo
                                          restore_on_host)
 from podracer.acting import RecurrentPolicy, make_es_act  # noqa: F401 (RecurrentPolicy: load_policy's)
 from podracer.algorithms import ALGORITHMS
-from podracer.bounds import POSITIVE, SEED, Bound, bounded, check_bounds
+from podracer.bounds import POSITIVE, SEED, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer.normalize import RunningStats
 
@@ -78,10 +78,26 @@ def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -
     return act
 
 
-def select_agent(run_dir: str, configs: dict[str, Any], state: dict[str, Any], agent: int | None):
-    """The state of agent `agent` of a population run (leading axis of every array); a run of
-    one agent's own state. One-line errors for a missing or impossible `agent`."""
+def best_agent(run_dir: str) -> int:
+    """The agent of a finished population run with the best final score (its summary.json's `agents`)."""
+    import json
+
+    path = storage.join(run_dir, "summary.json")
+    summary = json.loads(storage.read_text(path)) if storage.exists(path) else {}
+    key = summary.get("score_key", "episode_return_mean")
+    scored = [(a[key], a["agent"]) for a in summary.get("agents") or () if a.get(key) is not None]
+    if not scored:
+        raise PodracerError(f"{run_dir} has no summary.json with its agents' final scores to pick the best "
+                            f"from; finish the run, or pick one with agent=I (--agent=I)")
+    return max(scored, key=lambda s: (s[0], -s[1]))[1]  # ties: the lowest index
+
+
+def select_agent(run_dir: str, configs: dict[str, Any], state: dict[str, Any], agent: int | str | None):
+    """The state of agent `agent` of a population run (leading axis of every array; "best":
+    `best_agent`); a run of one agent's own state. One-line errors for a missing or impossible `agent`."""
     population = configs.get("population")
+    if agent == "best":
+        agent = best_agent(run_dir) if population else None
     if not population:
         if agent not in (None, 0):
             raise PodracerError(f"{run_dir} trained one agent; drop agent={agent} (--agent)")
@@ -96,7 +112,7 @@ def select_agent(run_dir: str, configs: dict[str, Any], state: dict[str, Any], a
     return jax.tree.map(lambda x: x[agent], state)
 
 
-def load_policy(run_dir: str, deterministic: bool = False, agent: int | None = None) -> Callable:
+def load_policy(run_dir: str, deterministic: bool = False, agent: int | str | None = None) -> Callable:
     """A pure, jittable `act(obs, key) -> actions` from the run's latest checkpoint.
 
     `run_dir` is a local directory or `gs://bucket/path`.
@@ -107,7 +123,8 @@ def load_policy(run_dir: str, deterministic: bool = False, agent: int | None = N
     action instead of a sample; an ES run acts with the mean of its search
     distribution, deterministically, as its evaluation episodes did. A
     population run (`--num-seeds`, `--sweep`) holds many agents: `agent` picks
-    one (its index in summary.json's `agents`).
+    one (its index in summary.json's `agents`), or "best" the one with the
+    best final score.
     """
     meta, state = read_run(run_dir)
     configs = meta["config"]
@@ -141,10 +158,15 @@ class EvalConfig:
     """Seed for the environments and sampled actions."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""
-    agent: int = bounded(-1, Bound(-1))
-    """The agent of a population run to evaluate (its index in summary.json's agents); -1: the run's only agent."""
+    agent: str = ""
+    """The agent of a population run to evaluate: its index in summary.json's agents, or best (the best final score); empty: the run's only agent."""
     video: str = ""
     """Play the evaluation's episodes one after another and write them to this .mp4 or .gif, the return drawn on each frame; the mean printed is theirs (gymnax classic control, navix, craftax, brax, envpool Atari; pip install -e ".[video]")."""
 
     def __post_init__(self):
         check_bounds(self)
+        if self.agent not in ("", "best") and not (self.agent.isdigit() and self.agent.isascii()):
+            raise ValueError(f"--agent must be an agent's index (0, 1, ...) or best, got {self.agent}")
+
+    def chosen_agent(self) -> int | str | None:
+        return None if self.agent == "" else "best" if self.agent == "best" else int(self.agent)

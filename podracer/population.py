@@ -2,13 +2,16 @@
 
 A population is `--num-seeds` seeds crossed with the settings of every
 `--sweep NAME=V1,V2,...`: their grid, or with `--sweep-as-given` the lists read
-side by side (the i-th value of each makes setting i). Settings major, seeds
+side by side (the i-th value of each makes setting i), or `--num-samples`
+settings drawn from the sweeps' distributions (`podracer.sampling`). Settings major, seeds
 minor: agent `i` has the setting `i // num_seeds` and the seed `--seed + i % num_seeds`. Every agent owns its
 key, parameters, optimizer state and environments; the architecture vmaps
 them in one program. A swept setting must be one that can vary without
 recompiling (`SWEEPABLE`): it becomes a traced per-agent scalar, carried with
 the agents' state, and the algorithm's config and optimizer are rebuilt from
-it inside the traced step (`with_values`).
+it inside the traced step (`with_values`). With `--pbt` the agents' settings
+and states change during the run (`podracer.pbt`); `Agent.settings` are the
+ones each agent starts with.
 
 The statistics follow Agarwal et al. 2021 ("Deep RL at the edge of the
 statistical precipice", the rliable recommendations): the interquartile mean
@@ -27,8 +30,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from podracer import sampling
 from podracer.algorithms import ALGORITHMS
-from podracer.bounds import POSITIVE, SEED, bounded, check_bounds
+from podracer.bounds import NON_NEGATIVE, POSITIVE, SEED, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
 
 
@@ -39,10 +43,23 @@ class PopulationConfig:
     num_seeds: int = bounded(1, POSITIVE)
     """Independent agents per setting, seeds --seed, --seed+1, ...: each has its own key, parameters, optimizer state and environments, and trains --total-steps steps of its own; all of them are vmapped in one compiled program (Anakin PPO, IMPALA and ES; Sebulba refuses it)."""
     sweep: tuple[str, ...] = ()
-    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps (or paired with them, --sweep-as-given) and with the seeds. PPO/IMPALA: lr, max-grad-norm, adam-eps, ent-coef, vf-coef, gamma; PPO: clip-eps, gae-lambda; IMPALA: vtrace-lambda, rho-bar, c-bar, pg-rho-bar; SAC: lr, max-grad-norm, adam-eps, gamma, tau; ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
+    """NAME=V1,V2,... (repeatable; NAME is the flag without its dashes): a hyperparameter that varies over the population without recompiling, crossed as a grid with the other sweeps (or paired with them, --sweep-as-given) and with the seeds; or a distribution to draw --num-samples settings from (NAME=loguniform:LOW:HIGH, uniform:LOW:HIGH, choice:A,B,C). Every learning agent: lr, max-grad-norm, adam-eps, and its own (PPO: ent-coef, vf-coef, gamma, clip-eps, gae-lambda; IMPALA: ent-coef, vf-coef, gamma, vtrace-lambda, rho-bar, c-bar, pg-rho-bar; the others' are listed by the error a wrong NAME gets); ES: sigma, es-lr, weight-decay. Settings that change shapes or code (network size, --num-envs) are refused."""
 
     sweep_as_given: bool = False
     """Pair the --sweep lists instead of crossing them: the i-th value of every list makes the i-th setting (e.g. --sweep lr=1e-3,3e-4 --sweep ent-coef=0.01,0 is two settings, not four); every list has the same length."""
+
+    num_samples: int = bounded(0, NON_NEGATIVE)
+    """Draw this many settings from the --sweep spaces instead of crossing them, from --seed (the same command draws the same settings): NAME=loguniform:LOW:HIGH, uniform:LOW:HIGH, choice:A,B,C, or a plain list V1,V2 (a choice); each setting with --num-seeds seeds. 0: the grid."""
+    pbt: bool = False
+    """Population-based training (Jaderberg et al. 2017) inside the compiled program: every --pbt-interval updates the agents are ranked by their mean episode return over the interval; the worst --pbt-fraction copy the parameters, optimizer state and settings of agents drawn from the best --pbt-fraction, then perturb each swept setting (times --pbt-perturb or its inverse, or drawn anew from its --sweep values with probability --pbt-resample), within the setting's range. Needs a --sweep and two agents or more; Anakin learning agents (not ES)."""
+    pbt_interval: int = bounded(20, POSITIVE)
+    """Updates between two PBT rankings; a ranking happens at the end of the call (--updates-per-call updates) in which its interval ends."""
+    pbt_fraction: float = bounded(0.25, Bound(0, 0.5, low_open=True))
+    """The share of agents replaced at each PBT ranking (the worst), and the share they copy from (the best): at least one agent each."""
+    pbt_perturb: float = bounded(1.25, Bound(1, low_open=True))
+    """PBT multiplies a copied setting by this factor or its inverse, at even odds (1.25: x1.25 or x0.8)."""
+    pbt_resample: float = bounded(0.25, Bound(0, 1))
+    """The probability that PBT draws a copied setting anew from its --sweep values or distribution instead of perturbing it."""
 
     def __post_init__(self):
         check_bounds(self)
@@ -68,12 +85,13 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, list[float]]:
-    """`--sweep` values by field name, each checked against its setting's range; one-line errors."""
+def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, sampling.Space]:
+    """`--sweep` spaces by field name (a list, or a distribution: `podracer.sampling`), each value
+    checked against its setting's range; one-line errors."""
     algo = configs["run"].algo
     allowed = SWEEPABLE.get(algo, {})
     names = ", ".join(_flag(n) for n in allowed)
-    out: dict[str, list[float]] = {}
+    out: dict[str, sampling.Space] = {}
     for spec in sweeps:
         name, sep, values = spec.partition("=")
         field = name.strip().lstrip("-").replace("-", "_")
@@ -94,8 +112,9 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, li
             raise PodracerError(f"--sweep {_flag(field)} is given twice; list every value in one --sweep")
         section, attr = allowed[field]
         kind = typing.get_type_hints(type(configs[section]))[attr]
+        distribution, values = sampling.split_kind(_flag(field), values)
         parsed = []
-        for text in values.split(","):
+        for text in values.split(":" if distribution in ("uniform", "loguniform") else ","):
             try:
                 value = kind(text.strip())
                 dataclasses.replace(configs[section], **{attr: value})  # its range, its checks
@@ -103,14 +122,27 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, li
                 detail = str(err) if "must" in str(err) else f"expected {kind.__name__}, got {text.strip()!r}"
                 raise PodracerError(f"--sweep {_flag(field)}: {detail}") from None
             parsed.append(value)
-        out[field] = parsed
+        out[field] = sampling.space_of(_flag(field), distribution, parsed)
     return out
 
 
-def settings_of(sweeps: dict[str, list[float]], as_given: bool) -> list[dict[str, float]]:
-    """The population's settings: the grid of the sweeps (first sweep slowest), or the lists side by side."""
-    if not sweeps:
+def settings_of(spaces: dict[str, sampling.Space], population: "PopulationConfig",
+                seed: int) -> list[dict[str, float]]:
+    """The population's settings: `--num-samples` draws from the sweeps' spaces, else the grid of
+    the sweeps' lists (first sweep slowest), or with `--sweep-as-given` the lists side by side."""
+    if not spaces:
         return [{}]
+    drawn = [_flag(n) for n, space in spaces.items() if space.kind != "list"]
+    if population.num_samples:
+        if population.sweep_as_given:
+            raise PodracerError("--num-samples draws each setting, --sweep-as-given pairs listed ones; "
+                                "drop one of them")
+        return sampling.draw_settings(spaces, population.num_samples, seed)
+    if drawn:
+        raise PodracerError(f"--sweep {drawn[0]} is a distribution: say how many settings to draw "
+                            f"with --num-samples=N")
+    sweeps = {name: list(space.values) for name, space in spaces.items()}
+    as_given = population.sweep_as_given
     if not as_given:
         for name, values in sweeps.items():
             repeated = sorted({value for value in values if values.count(value) > 1})
@@ -136,14 +168,34 @@ def settings_of(sweeps: dict[str, list[float]], as_given: bool) -> list[dict[str
 def agents(configs: dict[str, Any]) -> list[Agent]:
     """Every agent of the run: each setting (`settings_of`) with every seed."""
     population: PopulationConfig = configs.get("population", PopulationConfig())
-    sweeps = parse_sweeps(population.sweep, configs)
+    spaces = parse_sweeps(population.sweep, configs)
     seed = configs["run"].seed
     if seed + population.num_seeds - 1 > SEED.high:
         raise PodracerError(f"--seed={seed} with --num-seeds={population.num_seeds} takes seeds past "
                             f"{SEED.high} (the 32 bits of a JAX key); lower --seed")
-    settings = settings_of(sweeps, population.sweep_as_given)
-    return [Agent(i * population.num_seeds + s, seed + s, setting)
-            for i, setting in enumerate(settings) for s in range(population.num_seeds)]
+    settings = settings_of(spaces, population, seed)
+    members = [Agent(i * population.num_seeds + s, seed + s, setting)
+               for i, setting in enumerate(settings) for s in range(population.num_seeds)]
+    _check_pbt(population, configs["run"].algo, len(members))
+    return members
+
+
+def _check_pbt(population: "PopulationConfig", algo: str, num_agents: int) -> None:
+    """`--pbt` needs agents to rank and settings to perturb; one-line errors."""
+    if population.num_samples and not population.sweep:
+        raise PodracerError("--num-samples draws settings from --sweep distributions, and none is given; "
+                            "add --sweep NAME=loguniform:LOW:HIGH (or uniform:, choice:)")
+    if not population.pbt:
+        return
+    if algo not in ALGORITHMS:
+        raise PodracerError(f"--pbt trains learning agents (--algo={' or --algo='.join(ALGORITHMS)}); "
+                            f"--algo={algo} has none: drop --pbt")
+    if not population.sweep:
+        raise PodracerError("--pbt perturbs the swept settings, and none is swept; add --sweep NAME=... "
+                            "(e.g. --sweep lr=loguniform:1e-4:1e-2 --num-samples=8)")
+    if num_agents < 2:
+        raise PodracerError("--pbt ranks agents against each other, and this population has one; "
+                            "add --num-seeds=N or more --sweep values (or --num-samples=N)")
 
 
 def is_population(configs: dict[str, Any]) -> bool:
@@ -254,11 +306,15 @@ def ranked_settings(members: list[Agent], scores: Sequence[float | None]) -> lis
     return ranked
 
 
-def format_ranking(ranked: list[dict[str, Any]], what: str) -> str:
-    """The final table: settings ranked by the IQM of `what` over their seeds."""
+def format_ranking(ranked: list[dict[str, Any]], what: str, pbt: bool = False) -> str:
+    """The final table: settings ranked by the IQM of `what` over their seeds (with `pbt`, the
+    settings the agents started with, which PBT then changed)."""
     width = max(len("setting"), *(len(e["setting"]) for e in ranked))
     num = lambda v: f"{v:>9.2f}" if v is not None else f"{'-':>9}"
-    lines = [f"population ranked by the IQM of {what} over each setting's seeds (95% stratified bootstrap CI)",
+    started = (" by the settings they started with (PBT changed them: summary.json's pbt has each agent's "
+               "final settings)") if pbt else ""
+    lines = [f"population ranked by the IQM of {what} over each setting's seeds (95% stratified bootstrap CI)"
+             f"{started}",
              f"  rank  {'setting':<{width}}  seeds       mean        IQM  CI"]
     for e in ranked:
         ci = f"[{e['iqm_ci'][0]:.2f}, {e['iqm_ci'][1]:.2f}]" if e["iqm_ci"] else "-"

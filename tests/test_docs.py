@@ -61,6 +61,15 @@ COVERED = {
         "tests/test_population.py::test_es_agent_equals_the_run_of_one_agent",
     f"{LAUNCH} --num-seeds=4 --sweep lr=1e-3,3e-4 --sweep ent-coef=0.01,0 --sweep-as-given":
         "tests/test_population.py::test_sweeps_as_given_pair_their_values_instead_of_crossing_them",
+    f"{LAUNCH} --sweep lr=loguniform:1e-4:1e-2 --sweep ent-coef=choice:0,0.01 --num-samples=16":
+        "tests/test_pbt.py::test_sampled_sweeps_are_drawn_from_the_seed",
+    f"{LAUNCH} --num-seeds=2 --sweep lr=1e-6,2e-6,3e-3,5e-3 --pbt --pbt-interval=8 --pbt-fraction=0.5 --pbt-resample=0":
+        "tests/test_pbt.py::test_pbt_rescues_the_useless_learning_rates_and_a_control_does_not",
+    f"{LAUNCH} --num-seeds=2 --sweep lr=loguniform:1e-4:1e-2 --sweep ent-coef=uniform:0:0.02 --num-samples=4 --pbt":
+        "tests/test_pbt.py::test_agents_split_over_eight_devices_follow_the_trajectory_of_one_device",
+    "python -m podracer.plot runs/latest --out pbt.png": "tests/test_pbt.py::test_lineage_plot_and_the_best_agents_policy",
+    f"{LAUNCH} eval --run-dir=runs/latest --agent=best --episodes=10":
+        "tests/test_pbt.py::test_lineage_plot_and_the_best_agents_policy",
     f"{LAUNCH} eval --run-dir=runs/latest --episodes=10": "tests/test_cli.py::test_eval_and_load_policy",
     f"{LAUNCH} eval --run-dir=runs/latest --episodes=100": "tests/test_cli.py::test_eval_and_load_policy",
     f"{LAUNCH} eval --run-dir=runs/latest --episodes=3 --video=cartpole.mp4":

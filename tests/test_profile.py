@@ -180,7 +180,7 @@ def test_sebulba_profile_table_trace_and_events(sebulba_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     report = summary["profile"]
     actors, learner = _rows(report, "sebulba-actor"), _rows(report, "sebulba-learner")
-    for name in ("env_step", "obs_to_device", "inference", "actions_to_host", "actor_to_learner",
+    for name in ("env_step", "obs_to_device", "inference", "actions_to_host", "prepare", "actor_to_learner",
                  "actor_queue_wait", "actor_params_wait"):
         assert actors[name]["calls"] > 0, name
     for name in ("learner_queue_wait", "learner_update", "params_to_actors", "logging"):

@@ -20,8 +20,8 @@ import pytest
 from conftest import LAUNCHER, PYTHON
 from podracer.anakin.env import make_env
 from podracer.anakin.loop import AnakinConfig, make_anakin, make_anakin_phases
-from podracer.networks import carry_width, init_params, initial_carry, make_network, unflatten_carry
-from podracer.ppo import PPOConfig, init_train_state, make_update
+from podracer.networks import initial_carry, make_network
+from podracer.ppo import PPOConfig, make_update
 from podracer.ppo.update import episode_starts
 from podracer.protocol import parallel
 
@@ -130,7 +130,8 @@ def test_an_lstm_solves_a_memory_task_a_feed_forward_policy_cannot():
 def test_sebulba_actor_stores_the_state_the_learner_replays_through_reset_steps():
     """An actor thread's trajectory (envpool, async halves, episodes ending mid-column): its
     stored first states, reset where episodes start, replay to the actor's own outputs."""
-    from podracer.sebulba.actor import Actor, ActorSettings, make_policy_step, run_actor
+    from podracer.ppo import make_agent
+    from podracer.sebulba.actor import Actor, ActorSettings, make_acting, run_actor
     from podracer.sebulba.control import Control
     from podracer.sebulba.envs import EnvPoolEnvs
     from podracer.sebulba.params import ParamsStore
@@ -140,30 +141,28 @@ def test_sebulba_actor_stores_the_state_the_learner_replays_through_reset_steps(
     envs = EnvPoolEnvs(env_id, num_envs, num_envs // 2, 1, seed=1)
     spec = envs.spec
     network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, (32, 32), network="lstm")
-    ppo_config = PPOConfig(minibatches=2)
-    params = init_params(network, spec.obs_shape, spec.obs_dtype, jax.random.PRNGKey(0))
-    state = init_train_state(params, optax.sgd(0.0), spec.obs_shape)
+    agent = make_agent(network, optax.sgd(0.0), PPOConfig(minibatches=2), spec, rollout_len)
+    state = agent.init(jax.random.PRNGKey(0))
+    params = state.params
     device = jax.devices()[0]
     store, out, control = ParamsStore([device]), queue.Queue(maxsize=1), Control()
-    store.publish(state, 0)
+    store.publish(agent.acting_state(state), 0)
     actor = Actor(0, envs, ActorSettings(rollout_len, synchronous=False), device,
-                  make_policy_step(network.apply, ppo_config, network), store, out,
-                  parallel.make_mesh([device]), jax.random.PRNGKey(1), control, Timings(),
-                  carry_width(network))
+                  make_acting(agent, agent.acting_state(state), spec), store, out,
+                  parallel.make_mesh([device]), jax.random.PRNGKey(1), control, Timings())
     thread = threading.Thread(target=run_actor, args=(actor,), daemon=True)
     thread.start()
-    trajectories = [out.get(timeout=60) for _ in range(2)]  # the second starts mid-episode
+    shipments = [out.get(timeout=60) for _ in range(2)]  # the second starts mid-episode
     control.stop.set()
     thread.join(timeout=30)
-    for trajectory in trajectories:
-        batch = jax.device_get(trajectory.batch)
+    for shipment in shipments:
+        batch = jax.device_get(shipment.batch)
         done = batch.terminated | batch.truncated
-        assert done.any() and trajectory.reset_steps > 0
-        carry = unflatten_carry(network, jnp.asarray(trajectory.carry))
-        (dist, value), _ = network.apply(params, batch.obs, carry, episode_starts(batch))
+        assert done.any() and shipment.reset_steps > 0
+        (dist, value), _ = network.apply(params, batch.obs, shipment.carry, episode_starts(batch))
         np.testing.assert_allclose(dist.log_prob(batch.action), batch.log_prob, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(value, batch.value, rtol=1e-5, atol=1e-5)
-    assert np.abs(np.asarray(trajectories[1].carry)).sum() > 0
+    assert np.abs(np.asarray(jax.tree.leaves(shipments[1].carry)[0])).sum() > 0
 
 
 def _launch(*args, timeout=300):

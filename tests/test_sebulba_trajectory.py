@@ -10,57 +10,59 @@ from podracer.sebulba.trajectory import TrajectoryBuilder
 F, T = False, True
 
 
-def _builder(rollout_len, num_envs):
-    return TrajectoryBuilder(rollout_len, num_envs, (), np.float32, (), np.int32)
+def _builder(rollout_len, num_envs, obs_dtype=np.float32, carry=()):
+    # One environment's (observation, action, extras: a log-probability).
+    step = (np.zeros((), obs_dtype), np.zeros((), np.int32), np.zeros((), np.float32))
+    return TrajectoryBuilder(rollout_len, num_envs, step, carry)
 
 
-def _feed(builder, ids, obs, reward, term, trunc, value):
-    """One recv: results of the previous actions, then the policy's output on `obs`."""
+def _feed(builder, ids, obs, reward, term, trunc, log_prob=None):
+    """One recv: results of the previous actions, then what `act` did on `obs`."""
     ids = np.asarray(ids)
     term, trunc = np.asarray(term), np.asarray(trunc)
     builder.record_results(ids, np.asarray(reward, np.float32), term, trunc)
-    builder.record_actions(ids, np.asarray(obs, np.float32), term | trunc,
-                           np.zeros(len(ids), np.int32), np.zeros(len(ids), np.float32),
-                           np.asarray(value, np.float32))
+    log_prob = np.zeros(len(ids), np.float32) if log_prob is None else np.asarray(log_prob, np.float32)
+    builder.record_actions(ids, np.asarray(obs, np.float32), term | trunc, np.zeros(len(ids), np.int32), log_prob)
 
 
-def test_reset_steps_are_skipped_and_final_values_kept():
+def test_reset_steps_are_skipped_and_final_observations_kept():
     # Two environments, T = 3. Env 0 is truncated after its 2nd step, env 1
     # terminates after its 1st and is truncated after its 3rd. Observation ids
-    # are 100+k (env 0) and 200+k (env 1); the policy's value of each is its id / 10.
+    # are 100+k (env 0) and 200+k (env 1).
     b = _builder(3, 2)
-    _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F], [10.0, 20.0])   # reset
-    _feed(b, [0, 1], [101, 201], [1, 1], [F, T], [F, F], [10.1, 20.1])   # env 1: final obs
-    _feed(b, [0, 1], [102, 202], [1, 0], [F, F], [T, F], [10.2, 20.2])   # env 0: final obs; env 1: reset
-    _feed(b, [0, 1], [103, 203], [0, 1], [F, F], [F, F], [10.3, 20.3])   # env 0: reset
+    _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F])   # reset
+    _feed(b, [0, 1], [101, 201], [1, 1], [F, T], [F, F])   # env 1: final obs
+    _feed(b, [0, 1], [102, 202], [1, 0], [F, F], [T, F])   # env 0: final obs; env 1: reset
+    _feed(b, [0, 1], [103, 203], [0, 1], [F, F], [F, F])   # env 0: reset
     assert not b.full
-    _feed(b, [0, 1], [104, 204], [1, 1], [F, F], [F, T], [10.4, 20.4])   # env 1: final obs
+    _feed(b, [0, 1], [104, 204], [1, 1], [F, F], [F, T])   # env 1: final obs
     assert b.full
-    rollout = b.take()
-    batch = rollout.batch
-    np.testing.assert_array_equal(batch.obs, [[100, 200], [101, 202], [103, 203]])
-    np.testing.assert_array_equal(batch.reward, [[1, 1], [1, 1], [1, 1]])
-    np.testing.assert_array_equal(batch.terminated, [[F, T], [F, F], [F, F]])
-    np.testing.assert_array_equal(batch.truncated, [[F, F], [T, F], [F, T]])
-    np.testing.assert_allclose(batch.value, [[10.0, 20.0], [10.1, 20.2], [10.3, 20.3]])
-    # Where truncated, the final value is the value of the episode's final observation.
-    np.testing.assert_allclose(batch.final_value[batch.truncated], [10.2, 20.4])
-    np.testing.assert_allclose(rollout.bootstrap_value, [10.4, 20.4])
-    assert rollout.reset_steps == 2 and rollout.dropped_steps == 0  # env 1's 2nd reset is pending
+    collected = b.take()
+    x = collected.trajectory
+    np.testing.assert_array_equal(x.obs, [[100, 200], [101, 202], [103, 203]])
+    np.testing.assert_array_equal(x.reward, [[1, 1], [1, 1], [1, 1]])
+    np.testing.assert_array_equal(x.terminated, [[F, T], [F, F], [F, F]])
+    np.testing.assert_array_equal(x.truncated, [[F, F], [T, F], [F, T]])
+    # Where an episode ended, the final observation is the one that ended it.
+    np.testing.assert_array_equal(x.final_obs[x.terminated | x.truncated], [201, 102, 204])
+    np.testing.assert_array_equal(x.next_obs, [104, 204])
+    assert collected.reset_steps == 2 and collected.dropped_steps == 0  # env 1's 2nd reset is pending
 
 
 def test_gae_on_a_built_trajectory_matches_hand_computation():
     b = _builder(3, 2)
-    _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F], [10.0, 20.0])
-    _feed(b, [0, 1], [101, 201], [1, 1], [F, T], [F, F], [11.0, 21.0])
-    _feed(b, [0, 1], [102, 202], [1, 0], [F, F], [T, F], [12.0, 22.0])
-    _feed(b, [0, 1], [103, 203], [0, 1], [F, F], [F, F], [13.0, 23.0])
-    _feed(b, [0, 1], [104, 204], [1, 1], [F, F], [F, T], [14.0, 24.0])
-    rollout = b.take()
-    x = rollout.batch
+    _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F])
+    _feed(b, [0, 1], [101, 201], [1, 1], [F, T], [F, F])
+    _feed(b, [0, 1], [102, 202], [1, 0], [F, F], [T, F])
+    _feed(b, [0, 1], [103, 203], [0, 1], [F, F], [F, F])
+    _feed(b, [0, 1], [104, 204], [1, 1], [F, F], [F, T])
+    x = b.take().trajectory
+    # What an actor-critic's `prepare` does: values of the observations acted on, of
+    # the final ones and of the next one. Here obs 10k -> value k, obs 20k -> value 2k.
+    value_of = lambda obs: np.where(obs < 200, obs - 90, obs - 180).astype(np.float32)
     gamma, lam = 0.9, 0.8
-    advantages, _ = gae_advantages(x.reward, x.value, rollout.bootstrap_value, x.terminated,
-                                   x.truncated, x.final_value, gamma, lam)
+    advantages, _ = gae_advantages(x.reward, value_of(x.obs), value_of(x.next_obs), x.terminated,
+                                   x.truncated, value_of(x.final_obs), gamma, lam)
     # Env 0: rows act on obs 100, 101, 103 (102 was the final obs, truncated).
     a2 = 1 + gamma * 14 - 13
     a1 = 1 + gamma * 12 - 11  # bootstraps from the final obs, no carry past the episode end
@@ -74,25 +76,25 @@ def test_gae_on_a_built_trajectory_matches_hand_computation():
 
 def test_finished_environments_wait_unrecorded_and_next_trajectory_starts_where_acted():
     b = _builder(2, 2)
-    _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F], [0, 0])
-    _feed(b, [0, 1], [101, 201], [1, 1], [F, T], [F, F], [0, 0])
-    _feed(b, [0, 1], [102, 202], [1, 0], [F, F], [F, F], [0, 0])  # env 0 has 2 rows, 102 bootstraps
-    _feed(b, [0, 1], [103, 203], [1, 1], [F, F], [F, F], [0, 0])  # env 0's step 102 -> 103 is dropped
+    _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F])
+    _feed(b, [0, 1], [101, 201], [1, 1], [F, T], [F, F])
+    _feed(b, [0, 1], [102, 202], [1, 0], [F, F], [F, F])  # env 0 has 2 rows, 102 bootstraps
+    _feed(b, [0, 1], [103, 203], [1, 1], [F, F], [F, F])  # env 0's step 102 -> 103 is dropped
     assert b.full
     first = b.take()
-    np.testing.assert_array_equal(first.batch.obs, [[100, 200], [101, 202]])
-    np.testing.assert_array_equal(first.bootstrap_value, [0, 0])
+    np.testing.assert_array_equal(first.trajectory.obs, [[100, 200], [101, 202]])
+    np.testing.assert_array_equal(first.trajectory.next_obs, [102, 203])
     assert (first.dropped_steps, first.reset_steps) == (1, 1)
     # The next trajectory starts from the observations just acted on, re-acted on
-    # by the new policy (values 7 and 8).
+    # by the new acting state (log-probabilities 7 and 8).
     b.record_actions(np.array([0, 1]), np.array([103.0, 203.0], np.float32), np.array([F, F]),
-                     np.zeros(2, np.int32), np.zeros(2, np.float32), np.array([7.0, 8.0], np.float32))
-    _feed(b, [0, 1], [104, 204], [5, 6], [F, F], [F, F], [0, 0])
-    _feed(b, [0, 1], [105, 205], [1, 1], [F, F], [F, F], [0, 0])
-    second = b.take()
-    np.testing.assert_array_equal(second.batch.obs, [[103, 203], [104, 204]])
-    np.testing.assert_array_equal(second.batch.value[0], [7, 8])
-    np.testing.assert_array_equal(second.batch.reward[0], [5, 6])
+                     np.zeros(2, np.int32), np.array([7.0, 8.0], np.float32))
+    _feed(b, [0, 1], [104, 204], [5, 6], [F, F], [F, F])
+    _feed(b, [0, 1], [105, 205], [1, 1], [F, F], [F, F])
+    second = b.take().trajectory
+    np.testing.assert_array_equal(second.obs, [[103, 203], [104, 204]])
+    np.testing.assert_array_equal(second.extras[0], [7, 8])
+    np.testing.assert_array_equal(second.reward[0], [5, 6])
 
 
 class _ScriptedEnvs:
@@ -120,31 +122,39 @@ def test_random_streams_give_contiguous_columns_of_real_transitions(async_batche
     rng = np.random.default_rng(0)
     n, t = 6, 5
     envs = _ScriptedEnvs(n, rng)
-    b = TrajectoryBuilder(t, n, (), np.float64, (), np.int32)
-    obs_of = np.zeros(n, np.int64)
+    # A carry [2] per environment: acted on with (count, 0), returning (count, 1).
+    b = _builder(t, n, np.float64, carry=np.zeros(2, np.float32))
     trajectories = []
+
+    def act(ids, obs, term, trunc):
+        count = (obs % 100_000).astype(np.float32)
+        carry_in = np.stack([count, np.zeros_like(count)], axis=1)
+        b.record_actions(ids, obs.astype(np.float64), term | trunc, np.zeros(len(ids), np.int32),
+                         np.zeros(len(ids), np.float32), carry_in, carry_in + [0, 1])
+
     for _ in range(400):
         ids = np.sort(rng.choice(n, size=3, replace=False)) if async_batches else np.arange(n)
         obs, reward, term, trunc = envs.step(ids)
-        obs_of[ids] = obs
         b.record_results(ids, reward, term, trunc)
-        value = obs.astype(np.float32) % 100_000  # the value of an observation is its count
-        b.record_actions(ids, obs.astype(np.float64), term | trunc, np.zeros(len(ids), np.int32),
-                         np.zeros(len(ids), np.float32), value)
+        act(ids, obs, term, trunc)
         if b.full:
             trajectories.append(b.take())
-            b.record_actions(ids, obs.astype(np.float64), term | trunc, np.zeros(len(ids), np.int32),
-                             np.zeros(len(ids), np.float32), value)
+            act(ids, obs, term, trunc)
     assert len(trajectories) > 10
-    for rollout in trajectories:
-        x = rollout.batch
+    for collected in trajectories:
+        x = collected.trajectory
         count = x.obs % 100_000
         done = x.terminated | x.truncated
         assert np.all(x.reward == 1.0)  # no reset step became a row
         # After a row that ends an episode, skip the final obs and the reset result.
         np.testing.assert_array_equal(count[1:], count[:-1] + np.where(done[:-1], 2, 1))
-        np.testing.assert_array_equal(x.final_value[x.truncated], count[x.truncated] + 1)
-        np.testing.assert_array_equal(rollout.bootstrap_value, count[-1] + 1)
+        np.testing.assert_array_equal(x.final_obs[done] % 100_000, count[done] + 1)
+        np.testing.assert_array_equal(x.next_obs % 100_000, count[-1] + 1)
+        # Each row's carry is the one acting on it returned; a column's first carry
+        # and its next one are those acted from.
+        np.testing.assert_array_equal(x.carry, np.stack([count, np.ones_like(count)], axis=-1))
+        np.testing.assert_array_equal(collected.initial_carry, np.stack([count[0], 0 * count[0]], axis=-1))
+        np.testing.assert_array_equal(x.next_carry, np.stack([count[-1] + 1, 0 * count[-1]], axis=-1))
 
 
 def test_cartpole_episode_returns_count_agent_steps_only():

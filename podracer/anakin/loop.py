@@ -28,6 +28,8 @@ from podracer.networks import is_recurrent, reset_carry
 from podracer.ppo import PPOConfig, Transition
 from podracer.ppo import make_agent as ppo_make_agent
 from podracer.ppo import make_update as ppo_make_update
+from podracer import pbt as pbt_lib
+from podracer.pbt import PBTConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,7 @@ class RunnerState(NamedTuple):
     key: jax.Array  # replicated
     carry: Any = ()  # a recurrent network's state before acting on `obs` ([num_envs, ...] leaves, sharded)
     hparams: Any = ()  # a population's swept settings (name -> [A] float32); () for one agent
+    pbt: Any = ()  # a population's `podracer.pbt.PBTState` with --pbt; () otherwise
 
 
 class AnakinLayout(NamedTuple):
@@ -170,7 +173,7 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
-        state = runner.train
+        state = agent.acting_state(runner.train)
         packed, unpack = _pack_rows((runner.env_state, runner.obs))
 
         def step(carried, draws):
@@ -209,7 +212,7 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
 AgentFor = Callable[[dict, tuple], Agent]  # (swept settings, axis names) -> the agent with those settings
 
 _RUNNER_SPECS = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS),
-                            key=P(), carry=P(parallel.DATA_AXIS), hparams=P())
+                            key=P(), carry=P(parallel.DATA_AXIS), hparams=P(), pbt=P())
 _EXPERIENCE_SPECS = Experience(batch=parallel.TIME_MAJOR_SPEC, bootstrap_value=P(parallel.DATA_AXIS),
                                update_key=P(), episodes=P(), carry=P(parallel.DATA_AXIS))
 
@@ -223,14 +226,14 @@ def _with_agent_axis(specs, sharded: bool):
 class Programs(NamedTuple):
     """A run's jitted, sharded programs; `act` and `learn` together compute one update of `train`."""
 
-    init: Callable  # key -> runner (a population's: (keys [A], hparams) -> runner)
+    init: Callable  # key -> runner (a population's: (keys [A], hparams[, key with --pbt]) -> runner)
     train: Callable  # runner -> (runner, metrics [U, ...] (a population's [U, A, ...])); donates its input
     act: Callable  # runner -> (runner, experience): for `--profile`
     learn: Callable  # (agent state, experience) -> (agent state, metrics): for `--profile`
 
 
 def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mesh: Mesh,
-                  population: bool = False, sharded: bool = False) -> Programs:
+                  population: bool = False, sharded: bool = False, pbt: PBTConfig | None = None) -> Programs:
     """The one builder of Anakin's programs, for any agent: `agent_for(hparams, axis_names) -> Agent`.
 
     One agent: `init(key)`, and `train` runs `config.updates_per_call` updates
@@ -239,7 +242,11 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
     settings (`runner.hparams`, traced); `sharded` splits the agents over the
     devices (each device steps all environments of its agents, and no
     collective runs), otherwise every device holds every agent and the
-    environments are split as for one agent. `act` and `learn` are the same
+    environments are split as for one agent. With `pbt`, a population's
+    `init` also takes the run's key (`init(keys, hparams, key)`) for its PBT
+    state, and `train` ends with a PBT step (`podracer.pbt.after_call`) whose
+    donors [U, A] (the same each update) and settings after it come out as the
+    metrics `pbt_donor` and `pbt_settings`. `act` and `learn` are the same
     steps compiled apart, for profile mode (`podracer.anakin.profiled`).
     """
     num_devices = mesh.devices.size
@@ -273,13 +280,23 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
         metric_specs = _with_agent_axis(P(), sharded)
         experience_specs = (experience_specs, runner_specs.hparams)  # a learner needs its agent's settings
 
-        def init(keys, hparams):
+        def init(keys, hparams, key=None):
             # One agent after the other, not vmapped: the orthogonal initialisers' QR
             # factorisations, batched, run as a parallel map on XLA:CPU's thread pool,
             # which deadlocked with several devices' programs holding its threads.
-            return jax.lax.map(steps({}).init, keys)._replace(hparams=hparams)
+            runner = jax.lax.map(steps({}).init, keys)._replace(hparams=hparams)
+            return runner if pbt is None else runner._replace(pbt=pbt_lib.init_state(key, keys.shape[0]))
 
-        train = jax.vmap(fused, out_axes=(0, 1))
+        def train(runner):
+            runner, metrics = jax.vmap(fused, out_axes=(0, 1))(runner)
+            if pbt is None:
+                return runner, metrics
+            pbt_state, train_state, hparams, donor = pbt_lib.after_call(
+                pbt, runner.pbt, runner.train, runner.hparams, metrics["episodes"],
+                metrics["episode_return_sum"], (parallel.DATA_AXIS,) if sharded else ())
+            every_update = lambda x: jnp.broadcast_to(x, metrics["episodes"].shape)
+            metrics.update(pbt_donor=every_update(donor), pbt_settings=jax.tree.map(every_update, hparams))
+            return runner._replace(train=train_state, hparams=hparams, pbt=pbt_state), metrics
 
         def act(runner):
             runner, experience = jax.vmap(lambda r: steps(r.hparams).act(r))(runner)
@@ -293,7 +310,7 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
     options = parallel.actor_critic_options(mesh)
     sharded_jit = lambda fn, in_specs, out_specs, **kw: jax.jit(
         jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check), **kw)
-    init_in = P() if not population else (runner_specs.key, runner_specs.hparams)
+    init_in = P() if not population else (runner_specs.key, runner_specs.hparams) + ((P(),) if pbt else ())
     return Programs(
         init=sharded_jit(init, init_in, runner_specs, compiler_options=parallel.run_once_options(mesh)),
         train=sharded_jit(train, (runner_specs,), (runner_specs, P(None, *metric_specs)),

@@ -22,7 +22,7 @@ from podracer.anakin.population import agent_inputs
 from podracer.algorithms import algorithm
 from podracer.anakin.profiled import NOTE, compile_agent_phases, make_profiled_train
 from podracer.config import make_optimizer
-from podracer import population
+from podracer import pbt, population
 from podracer.networks import is_recurrent
 from podracer.protocol import parallel
 from podracer.session.session import RunSession, placed_for
@@ -74,20 +74,31 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
         optimizer = make_optimizer(agent["optimizer"], optimizer_steps)
         return algo.make_agent(network, optimizer, agent[algo.name], env.spec, anakin.rollout_len, axis_names)
 
-    programs = make_programs(env, agent_for, anakin, mesh, is_population, sharded)
+    pbt_config = pbt.config_of(configs)
+    programs = make_programs(env, agent_for, anakin, mesh, is_population, sharded, pbt_config)
     init = Init.of_key(programs.init)
     if is_population:
         keys, hparams = agent_inputs(members)
-        init = Init(programs.init, lambda _key: (keys, hparams))
+        init = Init(programs.init, lambda key: (keys, hparams, *((key,) if pbt_config else ())))
     phases = (programs.act, programs.learn) if profile else None
     return Program(env, network, layout, Calls(0, num_calls, steps_per_call), init, programs.train, phases)
 
 
-def _agent_rows(metrics, num_agents: int) -> list[dict]:
-    """One call's metrics [U, A, ...] as one log row per agent."""
+def _agent_rows(metrics, num_agents: int) -> tuple[list[dict], list[dict]]:
+    """One call's metrics [U, A, ...] as one log row per agent, and its PBT events (`pbt_events`)."""
     metrics = parallel.to_host(metrics)
-    return [_interval_metrics(jax.tree.map(lambda x: np.take(x, i, axis=1), metrics))
+    donor, settings = metrics.pop("pbt_donor", None), metrics.pop("pbt_settings", {})
+    rows = [_interval_metrics(jax.tree.map(lambda x: np.take(x, i, axis=1), metrics))
             for i in range(num_agents)]
+    for i, row in enumerate(rows):  # each agent's settings now (TensorBoard's agent_I/setting/NAME)
+        row.update({f"setting/{name}": float(values[-1, i]) for name, values in settings.items()})
+    return rows, [] if donor is None else pbt_events(donor[-1], settings)
+
+
+def pbt_events(donor: np.ndarray, settings: dict[str, np.ndarray]) -> list[dict]:
+    """The exploit events of one call: each agent that copied another, and its settings after."""
+    return [{"from": int(d), "to": i, "settings": {name: float(v[-1, i]) for name, v in settings.items()}}
+            for i, d in enumerate(donor) if d != pbt.NO_DONOR]
 
 
 def train_agent(configs: dict[str, Any], devices=None):
@@ -124,7 +135,9 @@ def train_agent(configs: dict[str, Any], devices=None):
         if pop_log is None:
             row = _interval_metrics(metrics)
         else:
-            row = pop_log.row(_agent_rows(metrics, len(members)))
+            rows, events = _agent_rows(metrics, len(members))
+            update = (call + 1) * updates_per_call
+            row = pop_log.row(rows, [{"update": update, **event} for event in events])
         env_steps = (call + 1) * calls.steps_per_call
         session.check_finite(row.pop("finite"), f"update {(call + 1) * updates_per_call}", env_steps,
                              algo.fix)

@@ -275,9 +275,9 @@ def _trainer(arch: str, algo: str):
 
         return train_agent
     if arch == "sebulba" and algo in ALGORITHMS and "sebulba" in ALGORITHMS[algo].archs:
-        from podracer.sebulba.train import train_actor_critic
+        from podracer.sebulba.train import train_agent
 
-        return train_actor_critic
+        return train_agent
     if (arch, algo) == ("anakin", "es"):
         from podracer.anakin.train_es import train_es
 

@@ -138,6 +138,13 @@ def parse(argv: Sequence[str]) -> Parsed:
     if configs["population"].sweep_as_given and not configs["population"].sweep:
         raise PodracerError("--sweep-as-given pairs the values of --sweep lists, and none is given; "
                             "add --sweep NAME=V1,V2,... or drop --sweep-as-given")
+    tuning = [name for name in ("pbt_interval", "pbt_fraction", "pbt_perturb", "pbt_resample") if name in given]
+    if tuning and not configs["population"].pbt:
+        raise PodracerError(f"{flag_name(tuning[0])} tunes population-based training, which is off; "
+                            f"add --pbt or drop it")
+    if configs["population"].pbt and configs["logging"].profile:
+        raise PodracerError("--profile times acting and learning as separate programs, which have no "
+                            "place for --pbt's ranking; profile the population without --pbt")
     data = configs["data"]
     if population.is_population(configs) and (data.record_dataset or data.init_from_dataset):
         flag = "--record-dataset" if data.record_dataset else "--init-from-dataset"

@@ -47,7 +47,10 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: Any, sp
     def act(state, obs, noise, carry):
         if not recurrent:
             # The value is left out (XLA drops the critic from the loop): `prepare`
-            # computes it for the whole rollout at once.
+            # computes it for the whole rollout at once. Called once per step on its
+            # own (Sebulba's actors, CartPole's MLP, 120 environments, XLA:CPU inline),
+            # this act measured slower without the value than with it (about 90 us
+            # against 70 us a call), although it computes less.
             action, log_prob, _ = act_fn(state.params, state.obs_stats, obs, noise)
             return action, carry, log_prob
         no_reset = jnp.zeros(obs.shape[:1], bool)  # the architecture reset `carry` where an episode ended
@@ -84,5 +87,8 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: Any, sp
     def learn(state, batch, bootstrap_value, key, carry):
         return update(state, batch, bootstrap_value, key, *((carry,) if recurrent else ()))
 
+    # Acting reads the parameters and observation statistics; the optimizer state
+    # (twice the parameters' size with Adam) stays with the learner.
     return Agent(init, act, prepare, learn, Rollout(rollout_len), draw,
-                 lambda num_envs: initial_carry(network, num_envs))
+                 lambda num_envs: initial_carry(network, num_envs),
+                 acting_state=lambda state: state._replace(opt_state=()))

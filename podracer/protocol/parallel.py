@@ -202,7 +202,7 @@ def to_host(tree):
 
 
 def from_host(tree, sharding: NamedSharding):
-    """Global arrays with `sharding` from host (numpy) arrays, on this process's devices.
+    """Global arrays with `sharding` from host (numpy) arrays, or arrays on one of this process's devices.
 
     Along a dimension that `sharding` splits over several processes, each process
     passes its own part and the global array joins the parts in process order

@@ -1,29 +1,33 @@
-"""Sebulba: environments on host CPU threads, the pure PPO update on separate learner devices.
+"""Sebulba: environments on host CPU threads, any agent's learning on separate learner devices.
 
-    from podracer.sebulba import SebulbaConfig, train_ppo
+    from podracer.sebulba import SebulbaConfig, train_agent
 
-Actor threads (`actor.py`) step envpool batches (`envs.py`) and assemble
-trajectories (`trajectory.py`); the learner (`learner.py`) runs
-`podracer.ppo.make_update` under `jit(shard_map)` over the learner devices and
-publishes parameters back (`params.py`); `control.py` stops them all together.
+Actor threads (`actor.py`) step envpool batches (`envs.py`) with the agent's
+`act` (`podracer.agent`), assemble its trajectories (`trajectory.py`) and
+`prepare` them on their actor device; the learner (`learner.py`) runs the
+agent's `learn` under `jit(shard_map)` over the learner devices and publishes
+its acting state back (`params.py`); `control.py` stops them all together.
 Evolution strategies reuse the same threads, devices and controls: envpool
 slots play population members (`es.py`, `es_actor.py`), driven by
 `podracer.sebulba.train_es.train_es`.
 """
 
 from podracer.sebulba.config import DeviceSplit, SebulbaConfig, SebulbaLayout, make_layout, split_devices
-from podracer.sebulba.learner import make_learner_step
-from podracer.sebulba.train import train_ppo
-from podracer.sebulba.trajectory import Rollout, TrajectoryBuilder
+from podracer.sebulba.learner import make_learn_step, make_learner_step
+from podracer.sebulba.train import train_actor_critic, train_agent, train_ppo
+from podracer.sebulba.trajectory import Collected, TrajectoryBuilder
 
 __all__ = [
+    "Collected",
     "DeviceSplit",
-    "Rollout",
     "SebulbaConfig",
     "SebulbaLayout",
     "TrajectoryBuilder",
     "make_layout",
+    "make_learn_step",
     "make_learner_step",
     "split_devices",
+    "train_actor_critic",
+    "train_agent",
     "train_ppo",
 ]

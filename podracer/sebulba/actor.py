@@ -1,44 +1,44 @@
-"""Actor threads: step an envpool batch with the latest policy, ship trajectories to the learner.
+"""Actor threads: step an envpool batch with the agent's `act`, `prepare` each trajectory, ship it to the learner.
 
-Each actor thread owns its environments, its policy copy on its actor device
-and a queue that holds one trajectory. It refreshes its parameters once per
-trajectory, so every row of a trajectory carries the same policy version.
+Each actor thread owns its environments, its copy of the agent's acting state
+(`Agent.acting_state`) on its actor device and a queue that holds one
+trajectory. It refreshes the acting state once per trajectory, so every row of
+a trajectory was acted on by the same version, and `prepare` sees that version.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from podracer.networks import flatten_carry, is_recurrent, unflatten_carry
+from podracer.agent import Agent, Trajectory
 from podracer.protocol import parallel
-from podracer.ppo import PPOConfig, make_act
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs
 from podracer.sebulba.params import ParamsStore
 from podracer.sebulba.trajectory import TrajectoryBuilder
 from podracer.session.timing import Timings
-from podracer.types import Transition
 
 
-class Trajectory(NamedTuple):
-    """What an actor ships: experience already on the learner devices, and its bookkeeping."""
+class Shipment(NamedTuple):
+    """What an actor ships: a prepared trajectory already on the learner devices, and its bookkeeping."""
 
-    batch: Transition  # [T, N, ...], split along N over the learner devices
-    bootstrap_value: jax.Array  # [N], split the same way
-    policy_version: int  # updates applied to the parameters that acted
+    batch: Any  # `prepare`'s time-major [T, N, ...] batch, split along N over the learner devices
+    bootstrap: Any  # `prepare`'s [N, ...] data after the last row, split the same way
+    policy_version: int  # updates applied to the acting state that acted
     actor_id: int
     episode_returns: np.ndarray  # episodes that ended while it was collected
     episode_lengths: np.ndarray
     dropped_steps: int
     reset_steps: int
-    carry: jax.Array | tuple = ()  # [N, K] flat recurrent state at each column's first row, split like N
+    carry: Any = ()  # [N, ...] leaves: the carry before each column's first row, split like N
 
 
 class ActorSettings(NamedTuple):
@@ -50,52 +50,91 @@ class ActorSettings(NamedTuple):
     time_transfers: bool = False
 
 
-def make_policy_step(apply_fn: Callable, ppo_config: PPOConfig, network=None) -> Callable:
-    """Jitted `(params, obs_stats, obs, key) -> (key, packed)`; `unpack_policy_output` reads `packed`.
+class Acting(NamedTuple):
+    """An agent's acting as an actor thread calls it: jitted, and the shapes of what it records."""
 
-    The key is split on the device and the action, log-probability and value
-    come back as one float32 [M, action_size + 2] array: acting costs one
-    dispatch and one device-to-host copy per step.
+    step: Callable  # (acting state, obs [M, ...], key, carry [M, ...]) -> (key, packed [M, K] uint32)
+    unpack: Callable  # packed (numpy) -> (action, carry, extras), numpy [M, ...] leaves
+    prepare: Callable  # the agent's `prepare`, jitted: runs where the acting state is
+    row: Any  # one environment's (obs, action, extras): shapes and dtypes
+    carry: Any  # one environment's carry: shapes and dtypes (() without one)
 
-    For a recurrent `network` it is `(params, obs_stats, obs, key, carry)`, with
-    `carry` the flat [M, K] state to act from (already zeroed where an episode
-    starts), and the new state follows as K more columns of `packed`.
+
+def _as_words(x: jax.Array) -> jax.Array:
+    """`x` [M, ...] as uint32 columns [M, k], bit for bit (narrower types widened first)."""
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        x = x.astype(jnp.uint32)
+    elif jnp.issubdtype(x.dtype, jnp.integer):
+        x = jax.lax.bitcast_convert_type(x.astype(jnp.int32), jnp.uint32)
+    else:
+        x = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    return x.reshape(x.shape[0], -1)
+
+
+def _wide(dtype) -> np.dtype:
+    """The 32-bit type `_as_words` read a leaf of `dtype` as."""
+    if dtype == np.bool_ or np.issubdtype(dtype, np.unsignedinteger):
+        return np.dtype(np.uint32)
+    return np.dtype(np.int32 if np.issubdtype(dtype, np.integer) else np.float32)
+
+
+def make_acting(agent: Agent, acting_state: Any, spec: Any) -> Acting:
+    """`agent`'s `Acting` for observations of `spec` (`obs_shape`, `obs_dtype`); `acting_state` may be abstract.
+
+    The key is split on the device and everything `act` returns comes back as
+    one uint32 array: acting costs one dispatch and one device-to-host copy per
+    step, whatever the agent returns.
     """
-    if network is not None and is_recurrent(network):
-        act = make_act(apply_fn, ppo_config, recurrent=True)
 
-        def recurrent_step(params, obs_stats, obs, key, carry):
-            key, act_key = jax.random.split(key)
-            no_reset = jnp.zeros(obs.shape[:1], bool)
-            action, log_prob, value, carry = act(params, obs_stats, obs,
-                                                 jax.random.split(act_key, obs.shape[0]),
-                                                 unflatten_carry(network, carry), no_reset)
-            columns = action.reshape(action.shape[0], -1).astype(jnp.float32)
-            return key, jnp.concatenate([columns, log_prob[:, None], value[:, None],
-                                         flatten_carry(carry)], axis=1)
+    def act(state, obs, key, carry):
+        randomness = jax.vmap(agent.draw)(jax.random.split(key, obs.shape[0]))
+        return agent.act(state, obs, randomness, carry)
 
-        return jax.jit(recurrent_step)
-    act = make_act(apply_fn, ppo_config)
+    one_obs = jax.ShapeDtypeStruct((1, *spec.obs_shape), spec.obs_dtype)
+    carry = jax.eval_shape(lambda: agent.initial_carry(1))
+    outputs = jax.eval_shape(act, acting_state, one_obs, jax.random.PRNGKey(0), carry)
+    per_env = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree)
+    action, _, extras = per_env(outputs)
+    leaves, treedef = jax.tree.flatten(outputs)
+    widths = [math.prod(x.shape[1:]) for x in leaves]
 
-    def policy_step(params, obs_stats, obs, key):
+    def step(state, obs, key, carry):
         key, act_key = jax.random.split(key)
-        action, log_prob, value = act(params, obs_stats, obs, jax.random.split(act_key, obs.shape[0]))
-        columns = action.reshape(action.shape[0], -1).astype(jnp.float32)
-        return key, jnp.concatenate([columns, log_prob[:, None], value[:, None]], axis=1)
+        return key, jnp.concatenate([_as_words(x) for x in jax.tree.leaves(act(state, obs, act_key, carry))],
+                                    axis=1)
 
-    return jax.jit(policy_step)
+    def unpack(packed: np.ndarray):
+        out, column = [], 0
+        for leaf, width in zip(leaves, widths):
+            words = packed[:, column:column + width].view(_wide(leaf.dtype))
+            out.append(words.reshape(packed.shape[:1] + leaf.shape[1:]).astype(leaf.dtype, copy=False))
+            column += width
+        return jax.tree.unflatten(treedef, out)
+
+    return Acting(jax.jit(step), unpack, jax.jit(agent.prepare),
+                  (per_env(one_obs), action, extras), per_env(carry))
 
 
-def unpack_policy_output(packed: np.ndarray, discrete: bool,
-                         carry_width: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(action, log_prob, value) from `make_policy_step`'s packed array (discrete actions are exact in float32).
+def trajectory_shapes(acting: Acting, rollout_len: int, num_envs: int) -> Trajectory:
+    """The abstract `Trajectory` of `num_envs` environments an actor records with `acting`."""
+    column = lambda tree, lead: jax.tree.map(lambda x: jax.ShapeDtypeStruct((*lead, *x.shape), x.dtype), tree)
+    rows, columns = (rollout_len, num_envs), (num_envs,)
+    (obs, action, extras), carry = column(acting.row, rows), column(acting.carry, rows)
+    flag = jax.ShapeDtypeStruct(rows, jnp.bool_)
+    return Trajectory(obs, action, jax.ShapeDtypeStruct(rows, jnp.float32), flag, flag, obs, extras, carry,
+                      column(acting.row[0], columns), column(acting.carry, columns))
 
-    With `carry_width` K, the last K columns (a recurrent policy's new state) are left out.
-    """
-    if carry_width:
-        packed = packed[:, :-carry_width]
-    action = packed[:, 0].astype(np.int32) if discrete else packed[:, :-2]
-    return action, packed[:, -2], packed[:, -1]
+
+def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: int, num_envs: int,
+            rollout_len: int) -> None:
+    """Compile `acting`'s step and `prepare` for `device` and an actor thread's shapes, before any
+    thread starts (and before a profile's trace window opens)."""
+    zeros = lambda tree: jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
+    one_batch = lambda tree: jax.tree.map(lambda x: np.zeros((env_batch, *x.shape), x.dtype), tree)
+    state = jax.device_put(acting_state, device)
+    key = jax.device_put(jax.random.PRNGKey(0), device)
+    jax.block_until_ready(acting.step(state, one_batch(acting.row[0]), key, one_batch(acting.carry)))
+    jax.block_until_ready(acting.prepare(state, zeros(trajectory_shapes(acting, rollout_len, num_envs))))
 
 
 def put_until_stopped(out: queue.Queue, item, stop: threading.Event, poll_s: float = 0.05) -> bool:
@@ -120,32 +159,27 @@ class Actor(NamedTuple):
     envs: EnvPoolEnvs  # owned: closed when the thread ends
     settings: ActorSettings
     device: jax.Device
-    policy_step: Callable  # `make_policy_step`
+    acting: Acting  # `make_acting`
     store: ParamsStore
     out: queue.Queue  # holds one trajectory
     learner_mesh: Mesh
     key: jax.Array
     control: Control
     timings: Timings
-    carry_width: int = 0  # a recurrent policy's flat state per environment (0: feed-forward)
 
 
 def run_actor(actor: Actor) -> None:
     """The body of one actor thread: acts on its environments until `control` says stop."""
-    (actor_id, envs, settings, device, policy_step, store, out, learner_mesh, key, control,
-     timings, carry_width) = actor
+    (actor_id, envs, settings, device, acting, store, out, learner_mesh, key, control, timings) = actor
     try:
-        spec = envs.spec
-        action_shape, action_dtype = ((), np.int32) if spec.discrete else ((spec.action_dim,), np.float32)
-        builder = TrajectoryBuilder(settings.rollout_len, envs.num_envs, spec.obs_shape,
-                                    spec.obs_dtype, action_shape, action_dtype, carry_width)
-        # A recurrent policy's state per environment, kept on the host (envpool answers
-        # for any subset of environments), and where the next observation starts an episode.
-        carry = np.zeros((envs.num_envs, carry_width), np.float32)
+        builder = TrajectoryBuilder(settings.rollout_len, envs.num_envs, acting.row, acting.carry)
+        # The carry per environment, kept on the host (envpool answers for any subset
+        # of environments), and where the next observation starts an episode.
+        carry = jax.tree.map(lambda x: np.zeros((envs.num_envs, *x.shape), x.dtype), acting.carry)
         starts = np.ones(envs.num_envs, bool)
-        state_in = None  # the state acted from this step, when recurrent
+        carry_in = ()  # the carry acted from this step
         batch_sharding = parallel.time_major_sharded(learner_mesh)
-        bootstrap_sharding = parallel.sharded(learner_mesh)
+        column_sharding = parallel.sharded(learner_mesh)
         with timings.measure("actor_params_wait"):
             policy = store.wait_for(0, device, control.stop)
         # A resumed run's first policy has the checkpoint's version, not 0.
@@ -156,24 +190,25 @@ def run_actor(actor: Actor) -> None:
 
         def act(obs, env_ids):
             nonlocal key
-            state = (state_in,) if carry_width else ()
             if not settings.time_transfers:
                 with timings.measure("inference"):
-                    key, packed = policy_step(policy.params, policy.obs_stats, obs, key, *state)
+                    key, packed = acting.step(policy.state, obs, key, carry_in)
                     packed = np.asarray(packed)
             else:
                 # Three steps timed apart (each waits for its result): the host-to-device
                 # copy, the policy itself and the device-to-host copy of its output.
                 with timings.measure("obs_to_device"):
-                    obs, state = jax.block_until_ready(jax.device_put((obs, state), device))
+                    on_device = jax.block_until_ready(jax.device_put((obs, carry_in), device))
                 with timings.measure("inference"):
-                    key, packed = jax.block_until_ready(
-                        policy_step(policy.params, policy.obs_stats, obs, key, *state))
+                    key, packed = jax.block_until_ready(acting.step(policy.state, on_device[0], key,
+                                                                    on_device[1]))
                 with timings.measure("actions_to_host"):
                     packed = np.asarray(packed)
-            if carry_width:  # committed once the actions are sent; a re-act starts from state_in again
-                carry[env_ids] = packed[:, -carry_width:]
-            return unpack_policy_output(packed, spec.discrete, carry_width)
+            action, carry_out, extras = acting.unpack(packed)
+            # Committed once the actions are sent; a re-act starts from carry_in again.
+            for leaf, new in zip(jax.tree.leaves(carry), jax.tree.leaves(carry_out)):
+                leaf[env_ids] = new
+            return action, carry_out, extras
 
         envs.start()
         while policy is not None and not control.stop.is_set():
@@ -184,24 +219,26 @@ def run_actor(actor: Actor) -> None:
                 returns.append(step.episode_return[step.episode_done])
                 lengths.append(step.episode_length[step.episode_done])
             obs_is_final = step.terminated | step.truncated
-            if carry_width:
-                state_in = np.where(starts[step.env_ids, None], 0.0, carry[step.env_ids])
-                starts[step.env_ids] = obs_is_final  # the observation after a final one starts an episode
-            action, log_prob, value = act(step.obs, step.env_ids)
-            builder.record_actions(step.env_ids, step.obs, obs_is_final, action, log_prob, value, state_in)
+            starting = starts[step.env_ids]
+            carry_in = jax.tree.map(
+                lambda c: np.where(starting.reshape(-1, *(1,) * (c.ndim - 1)), 0, c[step.env_ids]), carry)
+            starts[step.env_ids] = obs_is_final  # the observation after a final one starts an episode
+            action, carry_out, extras = act(step.obs, step.env_ids)
+            builder.record_actions(step.env_ids, step.obs, obs_is_final, action, extras, carry_in, carry_out)
             if builder.full:
-                rollout = builder.take()
+                collected = builder.take()
+                with timings.measure("prepare"):
+                    batch, bootstrap = acting.prepare(policy.state, collected.trajectory)
                 with timings.measure("actor_to_learner"):
-                    batch = parallel.from_host(rollout.batch, batch_sharding)
-                    bootstrap = parallel.from_host(rollout.bootstrap_value, bootstrap_sharding)
-                    initial = (parallel.from_host(rollout.carry, bootstrap_sharding)
-                               if carry_width else ())
-                trajectory = Trajectory(batch, bootstrap, policy.version, actor_id,
-                                        _concat(returns, np.float32), _concat(lengths, np.int32),
-                                        rollout.dropped_steps, rollout.reset_steps, initial)
+                    batch = parallel.from_host(batch, batch_sharding)
+                    bootstrap, initial = parallel.from_host((bootstrap, collected.initial_carry),
+                                                            column_sharding)
+                shipment = Shipment(batch, bootstrap, policy.version, actor_id, _concat(returns, np.float32),
+                                    _concat(lengths, np.int32), collected.dropped_steps, collected.reset_steps,
+                                    initial)
                 returns, lengths = [], []
                 with timings.measure("actor_queue_wait"):
-                    if not put_until_stopped(out, trajectory, control.stop):
+                    if not put_until_stopped(out, shipment, control.stop):
                         break
                 produced += 1
                 with timings.measure("actor_params_wait"):
@@ -209,11 +246,11 @@ def run_actor(actor: Actor) -> None:
                     policy = store.wait_for(wanted, device, control.stop)
                 if policy is None:
                     break
-                # The next trajectory starts from these observations, acted on by the new policy
-                # (from the same state).
-                action, log_prob, value = act(step.obs, step.env_ids)
-                builder.record_actions(step.env_ids, step.obs, obs_is_final, action, log_prob, value,
-                                       state_in)
+                # The next trajectory starts from these observations, acted on by the new
+                # acting state (from the same carry).
+                action, carry_out, extras = act(step.obs, step.env_ids)
+                builder.record_actions(step.env_ids, step.obs, obs_is_final, action, extras, carry_in,
+                                       carry_out)
             with timings.measure("env_step"):
                 envs.send(action, step.env_ids)
     finally:
@@ -222,4 +259,3 @@ def run_actor(actor: Actor) -> None:
 
 def _concat(chunks: list[np.ndarray], dtype) -> np.ndarray:
     return np.concatenate(chunks).astype(dtype) if chunks else np.zeros((0,), dtype)
-

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
-from podracer.ppo.config import PPOConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +113,13 @@ class SebulbaLayout(NamedTuple):
     steps_per_update: int  # transitions per update, over every actor thread
 
 
-def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit,
+def make_layout(config: SebulbaConfig, algo_config: Any, split: DeviceSplit,
                 num_processes: int = 1, recurrent: bool = False) -> SebulbaLayout:
     """Sizes for `split` on each of `num_processes` processes (the same split on every one).
 
     `num_envs` is global: the actor threads of every process share it evenly.
+    `algo_config` is the agent's section (its `batch_problem`, and a recurrent
+    agent's `sequence_problem`), as for Anakin's `make_layout`.
     """
     per_thread = share_per_thread(config.num_envs, "--num-envs", config, split, num_processes)
     threads = len(split.actor) * config.actor_threads
@@ -133,9 +134,9 @@ def make_layout(config: SebulbaConfig, ppo_config: PPOConfig, split: DeviceSplit
                             f"at a time; use an even number per thread")
     # Each learner device joins its share of every actor thread's trajectory.
     per_learner = threads * per_thread // learners
-    problem = (ppo_config.sequence_problem(per_learner, "make --num-envs a multiple of "
-                                           f"{everywhere * learners * ppo_config.minibatches} or lower --minibatches")
-               if recurrent else ppo_config.batch_problem(config.rollout_len, per_learner))
+    problem = (algo_config.sequence_problem(per_learner, "make --num-envs a multiple of "
+                                            f"{everywhere * learners * algo_config.minibatches} or lower --minibatches")
+               if recurrent else algo_config.batch_problem(config.rollout_len, per_learner))
     if problem:
         raise PodracerError(problem)
     env_batch = per_thread // 2 if config.async_envs else per_thread

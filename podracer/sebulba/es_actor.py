@@ -25,7 +25,7 @@ from podracer.session.timing import Timings
 
 
 class SearchPolicy(NamedTuple):
-    """What the learner publishes to the actors (`ParamsStore` reads these two fields)."""
+    """What the learner publishes to the actors (`ParamsStore` copies it whole)."""
 
     params: object  # the strategy state: its `mean` and what `ask` needs
     obs_stats: es.RunningStats  # ARS V2's statistics from before the generation
@@ -149,8 +149,8 @@ def run_es_actor(actor: ESActor) -> None:
                 break
             generation = policy.version
             with timings.measure("member_params"):
-                params = slot_params(policy.params, generation_key(key, generation), members)
-            played = play_generation(envs, act, params, policy.obs_stats, no_observations, member_slot,
+                params = slot_params(policy.state.params, generation_key(key, generation), members)
+            played = play_generation(envs, act, params, policy.state.obs_stats, no_observations, member_slot,
                                      control, timings)
             if played is None:
                 break

@@ -1,73 +1,74 @@
-"""The learner: Anakin's pure update (PPO's or IMPALA's) under `jit(shard_map)` over the learner devices only."""
+"""The learner: any agent's `learn` under `jit(shard_map)` over the learner devices only."""
 
 from __future__ import annotations
 
 import math
 import queue
 import threading
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.networks import is_recurrent, unflatten_carry
 from podracer.protocol import parallel
-from podracer.ppo import PPOConfig
-from podracer.ppo import make_update as ppo_make_update
-from podracer.sebulba.actor import Trajectory
+from podracer.sebulba.actor import Acting, Shipment, trajectory_shapes
 from podracer.sebulba.control import Control
 from podracer.sebulba.params import ParamsStore
 from podracer.session.timing import Timings
-from podracer.types import TrainState, Transition
+
+_ACROSS_ACTORS = P(parallel.DATA_AXIS)  # bootstrap data and carries: [N, ...] leaves split along N
 
 
-def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformation,
-                      ppo_config: PPOConfig, mesh: Mesh,
-                      make_update: Callable = ppo_make_update, network=None) -> Callable:
-    """Jitted `step(state, batches, bootstrap_values, key) -> (state, metrics)`.
+def make_learn_step(learn: Callable, mesh: Mesh) -> Callable:
+    """Jitted `step(state, batches, bootstraps, key, carries) -> (state, metrics)` of an agent's `learn`.
 
-    `batches` is a tuple with one time-major Transition per actor thread, each
-    split along its batch axis over `mesh` (`parallel.time_major_sharded`), and
-    `bootstrap_values` the matching tuple of [N] arrays (`parallel.sharded`).
-    Every learner device joins its shards of all of them into one local batch
-    and runs `make_update`'s update (PPO's by default; `podracer.vtrace.make_update`
-    with an `ImpalaConfig`), which averages gradients over the mesh with
-    `lax.pmean`. `state` is replicated over the mesh. The metrics include
-    `params_finite` (1.0 when every new parameter is finite) for the NaN guard.
-
-    For a recurrent `network` the step takes one more tuple, `carries`: each
-    trajectory's flat [N, K] initial state (`Trajectory.carry`), split like
-    its bootstrap values.
+    `learn` is `Agent.learn` of an agent made with `axis_names=(parallel.DATA_AXIS,)`.
+    `batches` is a tuple with one prepared time-major batch per actor thread,
+    each split along its batch axis over `mesh` (`parallel.time_major_sharded`),
+    `bootstraps` and `carries` the matching tuples of [N, ...] data
+    (`parallel.sharded`; a feed-forward agent's carries are `()`). Every learner
+    device joins its shards of all of them into one local batch and runs
+    `learn`, which averages over the mesh. `state` is replicated over the mesh.
+    The metrics include `params_finite` (1.0 when every floating-point leaf of
+    the new state is finite) for the NaN guard.
     """
-    update = make_update(apply_fn, optimizer, ppo_config, axis_names=(parallel.DATA_AXIS,))
-    recurrent = network is not None and is_recurrent(network)
+    join = lambda axis, parts: jax.tree.map(lambda *p: jnp.concatenate(p, axis=axis), *parts)
 
-    def step(state: TrainState, batches: tuple[Transition, ...], bootstrap_values, key, carries=()):
-        batch = jax.tree.map(lambda *parts: jnp.concatenate(parts, axis=1), *batches)
-        carry = (unflatten_carry(network, jnp.concatenate(carries)),) if recurrent else ()
-        state, metrics = update(state, batch, jnp.concatenate(bootstrap_values), key, *carry)
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]))
+    def step(state, batches, bootstraps, key, carries):
+        state, metrics = learn(state, join(1, batches), join(0, bootstraps), key, join(0, carries))
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state)
+                                    if jnp.issubdtype(x.dtype, jnp.inexact)]))
         return state, {**metrics, "params_finite": finite.astype(jnp.float32)}
 
-    specs = (P(), parallel.TIME_MAJOR_SPEC, P(parallel.DATA_AXIS), P())
-    sharded = jax.shard_map(step, mesh=mesh, in_specs=specs + ((P(parallel.DATA_AXIS),) if recurrent else ()),
-                            out_specs=(P(), P()))
-    return jax.jit(sharded)
+    specs = (P(), parallel.TIME_MAJOR_SPEC, _ACROSS_ACTORS, P(), _ACROSS_ACTORS)
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=specs, out_specs=(P(), P())))
 
 
-def trajectory_shapes(example: Transition, num_envs: int, mesh: Mesh) -> tuple[Transition, jax.ShapeDtypeStruct]:
-    """Abstract (batch, bootstrap value) of one actor thread's trajectory, for ahead-of-time compiling.
+def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformation, config: Any, mesh: Mesh,
+                      make_update: Callable | None = None) -> Callable:
+    """`make_learn_step` of an update of `podracer.ppo.make_update`'s kind (PPO's by default): a user's
+    own update on Sebulba's learner, `step(state, batches, bootstrap_values, key) -> (state, metrics)`."""
+    if make_update is None:
+        from podracer.ppo import make_update
+    update = make_update(apply_fn, optimizer, config, axis_names=(parallel.DATA_AXIS,))
+    step = make_learn_step(lambda state, batch, bootstrap, key, _carry: update(state, batch, bootstrap, key),
+                           mesh)
+    return lambda state, batches, bootstraps, key: step(state, batches, bootstraps, key, ((),) * len(batches))
 
-    `example` is any Transition with the right per-row shapes ([T, ...] leaves).
-    """
-    batch_sharding = parallel.time_major_sharded(mesh)
-    batch = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct((x.shape[0], num_envs, *x.shape[1:]), x.dtype, sharding=batch_sharding),
-        example)
-    bootstrap = jax.ShapeDtypeStruct((num_envs,), jnp.float32, sharding=parallel.sharded(mesh))
-    return batch, bootstrap
+
+def shipment_shapes(agent: Any, acting: Acting, acting_state: Any, rollout_len: int, num_envs: int,
+                    mesh: Mesh) -> tuple[Any, Any, Any]:
+    """Abstract (batch, bootstrap, carry) of one actor thread's shipment of `num_envs` columns (over
+    every process), placed on `mesh` as the actors place them: for compiling the learner ahead."""
+    trajectory = trajectory_shapes(acting, rollout_len, num_envs)
+    batch, bootstrap = jax.eval_shape(agent.prepare, acting_state, trajectory)
+    place = lambda tree, sharding: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+    by_column = parallel.sharded(mesh)
+    return (place(batch, parallel.time_major_sharded(mesh)), place(bootstrap, by_column),
+            place(trajectory.next_carry, by_column))
 
 
 def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05,
@@ -101,29 +102,31 @@ class Learning(NamedTuple):
     periodically) and when the learner ends or is interrupted, unless nothing
     changed since the last save. `guard(finite, update)` is the NaN guard (the
     run session's): it raises before a non-finite state is published or saved.
+    `acting_state(state)` is what is published to the actors (`Agent.acting_state`).
     """
 
-    step_fn: Callable  # compiled `make_learner_step`
+    step_fn: Callable  # compiled `make_learn_step`
     sources: Sequence[queue.Queue]  # one per actor thread, in actor order
     store: ParamsStore
     num_updates: int
     key: jax.Array  # update u uses fold_in(key, u)
     control: Control
     timings: Timings
-    on_update: Callable[[int, list[Trajectory], dict], None]
+    on_update: Callable[[int, list[Shipment], dict], None]
+    acting_state: Callable[[Any], Any] = lambda state: state
     first_update: int = 0
-    save: Callable[[int, TrainState], None] | None = None
+    save: Callable[[int, Any], None] | None = None
     save_every: int = 0
     interrupted: Callable[[], bool] = lambda: False
     guard: Callable[[bool, int], None] = lambda finite, update: None
 
 
-def run_learner(learning: Learning, state: TrainState) -> TrainState:
-    """Take one trajectory from each actor queue, update, publish; until `num_updates` updates.
+def run_learner(learning: Learning, state: Any) -> Any:
+    """Take one shipment from each actor queue, learn, publish; until `num_updates` updates.
 
     The update key of update u is `fold_in(key, u)`, so a run's updates do not
     depend on timing, and a resumed run (`first_update` > 0) continues the
-    sequence. `on_update(u, trajectories, metrics)` sees each update's inputs
+    sequence. `on_update(u, shipments, metrics)` sees each update's inputs
     and host-side metrics. Returns the last state: early if `interrupted()`
     (a signal: saved first) or if `control.stop` is set (a failure elsewhere:
     nothing is saved).
@@ -133,26 +136,25 @@ def run_learner(learning: Learning, state: TrainState) -> TrainState:
     together whether to stop (`parallel.any_process`), and all of them stop,
     and save, after the same update.
     """
-    (step_fn, sources, store, num_updates, key, control, timings, on_update, first_update, save,
-     save_every, interrupted, guard) = learning
+    (step_fn, sources, store, num_updates, key, control, timings, on_update, acting_state, first_update,
+     save, save_every, interrupted, guard) = learning
     saved = done = first_update
     for update in range(first_update, num_updates):
-        trajectories = take_one_each(sources, control, timings, interrupted)
+        shipments = take_one_each(sources, control, timings, interrupted)
         if control.stop.is_set():
             return state
         if parallel.any_process(interrupted()):
             break
         with timings.measure("learner_update"):
-            carries = (tuple(t.carry for t in trajectories),) if not isinstance(trajectories[0].carry, tuple) else ()
-            state, metrics = step_fn(state, tuple(t.batch for t in trajectories),
-                                     tuple(t.bootstrap_value for t in trajectories),
-                                     jax.random.fold_in(key, update), *carries)
+            state, metrics = step_fn(state, tuple(s.batch for s in shipments),
+                                     tuple(s.bootstrap for s in shipments), jax.random.fold_in(key, update),
+                                     tuple(s.carry for s in shipments))
             metrics = {name: float(value) for name, value in parallel.to_host(metrics).items()}
         finite = metrics.pop("params_finite", 1.0) == 1.0
         guard(finite and all(math.isfinite(v) for v in metrics.values()), update + 1)
         with timings.measure("params_to_actors"):
-            store.publish(state, update + 1)
-        on_update(update, trajectories, metrics)
+            store.publish(acting_state(state), update + 1)
+        on_update(update, shipments, metrics)
         done = update + 1
         if save is not None and save_every and done % save_every == 0:
             save(done, state)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from podracer.session.logger import RunLogger
-from podracer.sebulba.actor import Trajectory
+from podracer.sebulba.actor import Shipment
 from podracer.session.timing import Timings, as_metrics
 
 
@@ -40,11 +40,11 @@ class IntervalLog:
         self.lengths: list[np.ndarray] = []
         self.interval_lags: list[int] = []
 
-    def __call__(self, update: int, trajectories: list[Trajectory], metrics: dict) -> None:
+    def __call__(self, update: int, trajectories: list[Shipment], metrics: dict) -> None:
         with self.timings.measure("logging"):
             self._record(update, trajectories, metrics)
 
-    def _record(self, update: int, trajectories: list[Trajectory], metrics: dict) -> None:
+    def _record(self, update: int, trajectories: list[Shipment], metrics: dict) -> None:
         # Update u (from 0) changes parameters that have had u updates.
         lags = [update - t.policy_version for t in trajectories]
         self.lags += lags

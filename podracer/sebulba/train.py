@@ -1,8 +1,10 @@
-"""Host driver for Sebulba PPO and IMPALA (one driver, the update a parameter): split the devices, start actors and learner, log, checkpoint, stop cleanly.
+"""Host driver for any agent on Sebulba (`--algo`, `podracer.algorithms`): split the devices, start actors and learner, log, checkpoint, stop cleanly.
 
-Checkpoints hold what the learner owns: its train state (parameters, optimiser
+Actor threads run the agent's `act` and `prepare` (`podracer.agent`), the
+learner its `learn`; the driver never names an algorithm. Checkpoints hold
+what the learner owns: the agent's state (for PPO: parameters, optimiser
 state, observation statistics), its RNG key and the number of updates, which
-is also the version of the policy it publishes. The environments are not
+is also the version of the acting state it publishes. The environments are not
 saved (envpool cannot restore an environment's state): a resumed run continues
 from the last learner step with fresh environments, and policy versions keep
 counting from the checkpoint's.
@@ -24,79 +26,70 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from podracer.acting import ppo_policy
+from podracer.agent import Agent
 from podracer.algorithms import algorithm
 from podracer.config import make_optimizer
 from podracer.envs.spec import check_masked_inputs
-from podracer.networks import carry_width, init_params, is_recurrent, make_network
-from podracer.ppo import init_train_state
+from podracer.networks import is_recurrent
 from podracer.protocol import parallel
-from podracer.sebulba.actor import Actor, ActorSettings, make_policy_step, run_actor
+from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor, warm_up
 from podracer.sebulba.config import DeviceSplit, SebulbaLayout, make_layout, split_devices
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
-from podracer.sebulba.learner import Learning, make_learner_step, run_learner, trajectory_shapes
+from podracer.sebulba.learner import Learning, make_learn_step, run_learner, shipment_shapes
 from podracer.sebulba.metrics import IntervalLog
 from podracer.sebulba.params import ParamsStore
 from podracer.sebulba.threads import actor_thread, run_threads
 from podracer.session.session import RunSession
-from podracer.types import TrainState, Transition
 
 class Setup(NamedTuple):
-    """Everything built before a thread starts: sizes, network, learner state and its compiled step."""
+    """Everything built before a thread starts: sizes, network, agent, learner state and its compiled step."""
 
     spec: Any
     split: DeviceSplit
     layout: SebulbaLayout
     num_updates: int
     network: Any
+    agent: Agent  # its `learn` averages over the learner mesh; `act` and `prepare` run on one actor device
+    acting: Acting  # the agent's acting, jitted for the actor threads
     mesh: Any  # the learner devices of every process
-    state: TrainState  # replicated over the learner mesh
-    step_fn: Any  # compiled `make_learner_step` for one trajectory per actor thread
+    state: Any  # the agent's state, replicated over the learner mesh
+    step_fn: Any  # compiled `make_learn_step` for one shipment per actor thread
     compile_s: float
 
 
-def _column_shapes(spec, rollout_len: int) -> Transition:
-    """One environment's column of a trajectory, as zeros: the shapes the learner compiles for."""
-    t = rollout_len
-    action = np.zeros((t,), np.int32) if spec.discrete else np.zeros((t, spec.action_dim), np.float32)
-    scalar, flag = np.zeros((t,), np.float32), np.zeros((t,), bool)
-    return Transition(np.zeros((t, *spec.obs_shape), spec.obs_dtype), action, scalar, flag, flag,
-                      scalar, scalar, scalar)
-
-
 def build(configs: dict[str, Any], devices=None) -> Setup:
-    """Check the configs against the devices, then build and compile the learner."""
+    """Check the configs against the devices, then build the agent and compile its learner step."""
     run, sebulba = configs["run"], configs["sebulba"]
-    algo, ppo_config = algorithm(configs)
-    optim, net = configs["optimizer"], configs["network"]
+    algo, algo_config = algorithm(configs)
     spec = env_spec(run.env)
+    algo.check_env(spec, run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
-    network = make_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
-                           network=net.network, action_mask=spec.action_mask)
-    layout = make_layout(sebulba, ppo_config, split, jax.process_count(), is_recurrent(network))
+    network = algo.make_network(spec, configs["network"])
+    layout = make_layout(sebulba, algo_config, split, jax.process_count(), is_recurrent(network))
     num_updates = max(1, math.ceil(run.total_steps / layout.steps_per_update))
-    check_masked_inputs(spec, ppo_config.normalize_observations)
-    optimizer = make_optimizer(optim, num_updates * ppo_config.epochs * ppo_config.minibatches)
+    check_masked_inputs(spec, getattr(algo_config, "normalize_observations", False))
+    optimizer = make_optimizer(configs["optimizer"], num_updates * algo.optimizer_steps(algo_config))
+    agent = algo.make_agent(network, optimizer, algo_config, spec, sebulba.rollout_len, (parallel.DATA_AXIS,))
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
     # One jitted call: eager initialisation would compile every small op on its own.
-    init = jax.jit(lambda key: init_train_state(
-        init_params(network, spec.obs_shape, spec.obs_dtype, key), optimizer, spec.obs_shape),
-        out_shardings=parallel.replicated(mesh), compiler_options=parallel.run_once_options(mesh))
+    init = jax.jit(agent.init, out_shardings=parallel.replicated(mesh),
+                   compiler_options=parallel.run_once_options(mesh))
     state = init(jax.random.fold_in(jax.random.PRNGKey(run.seed), 0))
     compile_start = time.perf_counter()
-    # One actor thread of every process fills one global trajectory.
-    batch, bootstrap = trajectory_shapes(_column_shapes(spec, sebulba.rollout_len),
-                                         layout.envs_per_thread * jax.process_count(), mesh)
+    acting_state = jax.eval_shape(agent.acting_state, state)
+    acting = make_acting(agent, acting_state, spec)
+    # One actor thread of every process fills one global shipment.
+    shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len,
+                               layout.envs_per_thread * jax.process_count(), mesh)
     threads = layout.num_actor_threads
-    carries = ()
-    if is_recurrent(network):  # each trajectory's initial state: flat [N, K], split like the bootstrap
-        carries = ((jax.ShapeDtypeStruct(bootstrap.shape + (carry_width(network),), np.float32,
-                                         sharding=bootstrap.sharding),) * threads,)
-    step_fn = make_learner_step(network.apply, optimizer, ppo_config, mesh, algo.make_update,
-                                network).lower(
-        state, (batch,) * threads, (bootstrap,) * threads, jax.random.PRNGKey(0), *carries).compile()
-    return Setup(spec, split, layout, num_updates, network, mesh, state, step_fn,
+    step_fn = make_learn_step(agent.learn, mesh).lower(
+        state, *((part,) * threads for part in shipment[:2]), jax.random.PRNGKey(0),
+        (shipment[2],) * threads).compile()
+    for device in dict.fromkeys(split.actor):
+        warm_up(acting, parallel.local_replica(agent.acting_state(state)), device, layout.env_batch,
+                layout.envs_per_thread, sebulba.rollout_len)
+    return Setup(spec, split, layout, num_updates, network, agent, acting, mesh, state, step_fn,
                  time.perf_counter() - compile_start)
 
 
@@ -110,19 +103,19 @@ def env_seed(seed: int, actor: int, first_update: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
 
 
-def train_actor_critic(configs: dict[str, Any], devices=None):
-    """Train PPO or IMPALA (`--algo`) with Sebulba on `devices` (default: this host's); returns (summary, final state).
+def train_agent(configs: dict[str, Any], devices=None):
+    """Train the agent of `--algo` with Sebulba on `devices` (default: this host's); returns (summary, final state).
 
     `configs` maps section names to config dataclasses, as
     `podracer.orchestrate.cli.parse_configs` returns them. Actor threads step
-    envpool environments on the host and act on their actor device; the
-    learner updates on the learner devices and saves checkpoints into the run
-    directory. SIGINT/SIGTERM make the learner save and stop every thread; a
+    envpool environments on the host and run the agent's `act` and `prepare`
+    on their actor device; the learner runs its `learn` on the learner devices
+    and saves checkpoints into the run directory. SIGINT/SIGTERM make the learner save and stop every thread; a
     failure in any thread stops every thread and is re-raised.
     """
     session = RunSession(configs)
     run, sebulba = configs["run"], configs["sebulba"]
-    algo, ppo_config = algorithm(configs)
+    algo, algo_config = algorithm(configs)
     setup = build(configs, devices)
     layout, split, steps = setup.layout, setup.split, setup.layout.steps_per_update
     actor_key, learner_key = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(run.seed), 1))
@@ -131,11 +124,12 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
         {"train": setup.state,
          "key": parallel.from_host(np.asarray(learner_key), parallel.replicated(setup.mesh))})
     first_update = int(meta.get("updates", 0))
-    learner["train"] = session.warm_start(learner["train"], setup.spec, setup.network, ppo_config)
+    if algo.clones:
+        learner["train"] = session.warm_start(learner["train"], setup.spec, setup.network, algo_config)
     control, timings = Control(), session.timings
     store = ParamsStore(split.actor)
-    store.publish(learner["train"], first_update)  # a policy's version: the updates applied to it
-    policy_step = make_policy_step(setup.network.apply, ppo_config, setup.network)
+    # An acting state's version: the updates applied to it.
+    store.publish(setup.agent.acting_state(learner["train"]), first_update)
     queues = [queue.Queue(maxsize=1) for _ in range(layout.num_actor_threads)]
     settings = ActorSettings(sebulba.rollout_len, sebulba.synchronous,
                              time_transfers=session.profiler is not None)
@@ -149,9 +143,8 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
         envs = EnvPoolEnvs(run.env, layout.envs_per_thread, layout.env_batch, sebulba.env_threads,
                            seed=env_seed(run.seed, numbered, first_update))
         record = Actor(actor_id, envs, settings, split.actor[actor_id // sebulba.actor_threads],
-                       policy_step, store, queues[actor_id], setup.mesh,
-                       jax.random.fold_in(actor_key, numbered), control, timings,
-                       carry_width(setup.network))
+                       setup.acting, store, queues[actor_id], setup.mesh,
+                       jax.random.fold_in(actor_key, numbered), control, timings)
         actors.append(actor_thread(control, run_actor, record, actor_id, "sebulba-actor"))
 
     logger = session.start(setup.num_updates * steps, setup.compile_s)
@@ -159,7 +152,7 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
     every = session.configs["checkpoint"].checkpoint_every
     learning = Learning(
         setup.step_fn, queues, store, setup.num_updates, learner["key"], control, timings, log,
-        first_update=first_update,
+        acting_state=setup.agent.acting_state, first_update=first_update,
         save=lambda updates, state: session.save(updates * steps, {"train": state, "key": learner["key"]},
                                                  {"updates": updates}),
         save_every=math.ceil(every / steps) if every else 0,
@@ -182,10 +175,9 @@ def train_actor_critic(configs: dict[str, Any], devices=None):
                  "actor_threads": layout.num_actor_threads * processes},
         extra={"updates": log.updates, **log.run_summary()},
         stopped=log.updates < setup.num_updates,
-        policy=lambda: ppo_policy(final, setup.network.apply, ppo_config,
-                                  session.data.record_deterministic, algo.name),
+        policy=lambda: algo.policy(final, setup.network, algo_config, session.data.record_deterministic),
         breakdown=True)
     return summary, final
 
 
-train_ppo = train_actor_critic  # PPO's name, from before IMPALA shared the driver
+train_actor_critic = train_ppo = train_agent  # the names from before every agent shared the driver

@@ -75,7 +75,10 @@ def config_record(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # Settings added after checkpoints were already being written: an older checkpoint
 # that lacks one was made with this value.
-ADDED_SETTINGS = {("network", "network"): "mlp"}
+ADDED_SETTINGS = {("network", "network"): "mlp",
+                  **{("population", name): value for name, value in (
+                      ("num_samples", 0), ("pbt", False), ("pbt_interval", 20), ("pbt_fraction", 0.25),
+                      ("pbt_perturb", 1.25), ("pbt_resample", 0.25))}}
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:

@@ -337,11 +337,12 @@ class RunLogger:
             width = max(len(key) for key in summary)
             self.stream.write("summary\n" + "".join(
                 f"  {key:<{width}}  {_format(value)}\n" for key, value in summary.items()
-                if key not in ("profile", "config", "agents", "settings_ranked")))
+                if key not in ("profile", "config", "agents", "settings_ranked", "pbt")))
             if summary.get("settings_ranked"):
                 from podracer.population import format_ranking
 
-                self.stream.write(format_ranking(summary["settings_ranked"], summary["score_key"]))
+                self.stream.write(format_ranking(summary["settings_ranked"], summary["score_key"],
+                                                 pbt="pbt" in summary))
             if summary.get("profile"):
                 from podracer.session.profile import format_profile
 

@@ -5,8 +5,11 @@ one agent logs); `PopulationLog.row` turns them into the row the session logs:
 the mean over agents under every usual key (so the progress line, the NaN
 guard and the plots read it as before), the score's IQM and 95% stratified
 bootstrap CI, and `agents`, the per-agent rows (TensorBoard gets one series
-per agent from it). `summary()` gives the summary's `agents`, `iqm`,
-`iqm_ci` and `settings_ranked` (the final table's rows).
+per agent from it). With `--pbt`, the per-agent rows hold each agent's settings
+(`setting/NAME`) and a row whose call ranked the agents lists its exploit
+events under `pbt` (`podracer.pbt`). `summary()` gives the summary's `agents`,
+`iqm`, `iqm_ci` and `settings_ranked` (the final table's rows: settings as
+each agent started), and `pbt` (every event and each agent's final settings).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import math
 from typing import Any
 
 from podracer import population as pop
+
+SETTING = "setting/"  # an agent row's key prefix for its settings under PBT
 
 
 def _number(value: Any) -> bool:
@@ -31,25 +36,35 @@ class PopulationLog:
         self.strata = [settings.index(label) for label in settings]
         self.last: list[float | None] = [None] * len(members)
         self.best: list[float | None] = [None] * len(members)
+        self.settings: list[dict[str, float]] = [dict(m.settings) for m in members]  # as they are now
+        self.events: list[dict] = []  # PBT's exploit events
+        self.pbt = False
 
     def restore(self, rows: list[dict]) -> None:
         """Scores from the rows a resumed run keeps (`metrics.jsonl` up to its checkpoint)."""
         for row in rows:
             if isinstance(row.get("agents"), list):
-                self._track(row["agents"])
+                self._track(row["agents"], row.get("pbt") or [])
 
-    def _track(self, agents: list[dict]) -> None:
+    def _track(self, agents: list[dict], events: list[dict]) -> None:
+        self.events += events
         for i, agent in enumerate(agents):
+            settings = {key[len(SETTING):]: value for key, value in agent.items() if key.startswith(SETTING)}
+            if settings:
+                self.pbt = True
+                self.settings[i] = settings
             score = agent.get(self.score_key)
             if _number(score):
                 self.last[i] = score
                 self.best[i] = score if self.best[i] is None else max(self.best[i], score)
 
-    def row(self, agents: list[dict]) -> dict[str, Any]:
-        """The logged row: means over agents, the score's aggregate, and the per-agent rows."""
-        self._track(agents)
+    def row(self, agents: list[dict], events: list[dict] = ()) -> dict[str, Any]:
+        """The logged row: means over agents, the score's aggregate, the per-agent rows, PBT's events."""
+        self._track(agents, list(events))
         row: dict[str, Any] = {}
         for key in agents[0]:
+            if key.startswith(SETTING):  # each agent's own; a mean of settings means nothing
+                continue
             values = [a[key] for a in agents if _number(a.get(key))]
             if isinstance(agents[0][key], bool):
                 row[key] = all(a[key] for a in agents)
@@ -61,6 +76,8 @@ class PopulationLog:
         row[f"{self.score_key}_iqm"] = stats["iqm"]
         row[f"{self.score_key}_iqm_ci"] = stats["iqm_ci"]
         row["agents"] = [{k: v for k, v in a.items() if k != "finite"} for a in agents]
+        if events:
+            row["pbt"] = list(events)
         return row
 
     def summary(self) -> dict[str, Any]:
@@ -72,4 +89,5 @@ class PopulationLog:
         return {"num_agents": len(self.members), "agents": agents,
                 "iqm": stats["iqm"], "iqm_ci": stats["iqm_ci"], "agents_mean": stats["mean"],
                 "score_key": self.score_key,
-                "settings_ranked": pop.ranked_settings(self.members, self.last)}
+                "settings_ranked": pop.ranked_settings(self.members, self.last),
+                **({"pbt": {"events": self.events, "final_settings": self.settings}} if self.pbt else {})}
