@@ -130,7 +130,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         "sac", sac.SACConfig, ("anakin",), _sac_networks, sac.make_agent, lambda config: config.updates_per_rollout,
         sac.policy, sac.load_policy, ("gamma", "tau"), sac.SAC_FIX, actions=("continuous",)),
     "pqn": Algorithm(
-        "pqn", pqn.PQNConfig, ("anakin",), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
+        "pqn", pqn.PQNConfig, ("anakin", "sebulba"), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
         _epochs_times_minibatches, _q_policy, _load_q_policy,
         ("epsilon_decay", "epsilon_finish", "epsilon_start", "gamma", "q_lambda", "reward_scale"), pqn.PQN_FIX,
         actions=("discrete",), settle=pqn.with_run_updates),

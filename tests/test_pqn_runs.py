@@ -105,3 +105,16 @@ def test_bad_input_is_one_line_and_exit_2(flags, says, tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert says in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sebulba_learns_cartpole_where_a_zero_learning_rate_cannot(tmp_path):
+    # Envpool's CartPole on host threads, the actors acting with the learner's published parameters.
+    result = _launch("--arch=sebulba", "--algo=pqn", f"--run-dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["episode_return_mean"] < 100
+    assert _summary(tmp_path / "run")["episode_return_mean"] >= 400, [r["episode_return_mean"] for r in rows]
+    control = _launch("--arch=sebulba", "--algo=pqn", "--lr=0", "--total-steps=65536",
+                      f"--run-dir={tmp_path / 'control'}", cwd=tmp_path)
+    assert control.returncode == 0, control.stderr[-3000:]
+    assert _summary(tmp_path / "control")["episode_return_mean"] < 100

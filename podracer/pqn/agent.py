@@ -89,5 +89,7 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: PQNConf
         state, metrics = update(state, batch, bootstrap_q, key)
         return state, {**metrics, "epsilon": epsilon}
 
+    # Acting reads the parameters and the update counter (epsilon); the optimizer state stays with the learner.
     return Agent(init, act, prepare, learn, Rollout(rollout_len),
-                 draw=lambda key: draw_exploration(key, spec.action_dim), initial_carry=lambda num_envs: ())
+                 draw=lambda key: draw_exploration(key, spec.action_dim), initial_carry=lambda num_envs: (),
+                 acting_state=lambda state: state._replace(opt_state=()))
