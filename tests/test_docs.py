@@ -44,6 +44,8 @@ COVERED = {
     f"{LAUNCH} --arch=anakin --algo=impala": "tests/test_every_pair.py::test_num_processes_joins_two_processes",
     f"{LAUNCH} --algo=es": "tests/test_es_anakin.py::test_cli_run_writes_metrics_and_summary",
     f"{LAUNCH} --algo=pqn": "tests/test_pqn_runs.py::test_the_defaults_solve_cartpole_where_a_zero_learning_rate_cannot",
+    f"{LAUNCH} --arch=sebulba --algo=pqn":
+        "tests/test_pqn_runs.py::test_sebulba_learns_cartpole_where_a_zero_learning_rate_cannot",
     f"{LAUNCH} --arch=anakin --algo=es": "tests/test_es_anakin.py::test_cli_run_writes_metrics_and_summary",
     f"{LAUNCH} --arch=anakin --algo=es --variant=ars_v2 --population=32":
         "tests/test_cli.py::test_eval_and_load_policy_of_an_es_run",
