@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import pqn, ppo, sac, vtrace
+from podracer import dqn, pqn, ppo, sac, vtrace
 from podracer.acting import Policy, RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
@@ -97,12 +97,16 @@ def _load_actor_critic(network, config, saved, deterministic: bool) -> Callable:
     return act
 
 
-def _q_policy(state, network, config, deterministic):
+def _q_network(spec, net):
+    return dqn.make_q_network(spec.obs_shape, spec.action_dim, net.hidden, net.activation, spec.action_mask)
+
+
+def _pqn_policy(state, network, config, deterministic):
     return Policy(pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic), state.params,
                   "pqn", deterministic)
 
 
-def _load_q_policy(network, config, saved, deterministic: bool) -> Callable:
+def _load_pqn_policy(network, config, saved, deterministic: bool) -> Callable:
     params = jax.tree.map(jnp.asarray, saved["params"])
     act_batch = pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic)
 
@@ -129,10 +133,14 @@ ALGORITHMS: dict[str, Algorithm] = {
     "sac": Algorithm(
         "sac", sac.SACConfig, ("anakin",), _sac_networks, sac.make_agent, lambda config: config.updates_per_rollout,
         sac.policy, sac.load_policy, ("gamma", "tau"), sac.SAC_FIX, actions=("continuous",)),
+    "dqn": Algorithm(
+        "dqn", dqn.DQNConfig, ("anakin",), _q_network, dqn.make_agent, lambda config: config.updates_per_rollout,
+        dqn.policy, dqn.load_policy, ("epsilon_end", "gamma", "tau"), dqn.DQN_FIX, actions=("discrete",)),
     "pqn": Algorithm(
         "pqn", pqn.PQNConfig, ("anakin", "sebulba"), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
-        _epochs_times_minibatches, _q_policy, _load_q_policy,
-        ("epsilon_decay", "epsilon_finish", "epsilon_start", "gamma", "q_lambda", "reward_scale"), pqn.PQN_FIX,
+        _epochs_times_minibatches, _pqn_policy, _load_pqn_policy,
+        ("epsilon_decay_fraction", "epsilon_finish", "epsilon_start", "gamma", "q_lambda", "reward_scale"),
+        pqn.PQN_FIX,
         actions=("discrete",), settle=pqn.with_run_updates),
 }
 

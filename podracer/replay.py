@@ -28,17 +28,25 @@ from podracer.errors import PodracerError
 from podracer.protocol import parallel
 
 
+def capacity_problem(capacity: int, batch_size: int, min_size: int) -> str | None:
+    """Why a buffer of `capacity` could never serve a batch of `batch_size` after `min_size` transitions, or None."""
+    if capacity < batch_size:
+        return (f"--buffer-size={capacity} is smaller than one batch (--batch-size={batch_size}); "
+                f"raise --buffer-size or lower --batch-size")
+    if min_size > capacity:
+        return (f"--learning-starts={min_size} transitions never fit in --buffer-size={capacity}; "
+                f"lower --learning-starts or raise --buffer-size")
+    return None
+
+
 def make_buffer(capacity: int, batch_size: int, min_size: int):
     """flashbax's uniform item buffer of `capacity` transitions, sampling `batch_size` once `min_size` are in.
 
-    Refuses, in one line, a buffer that could never fill a batch.
+    Refuses, in one line, a buffer that could never fill a batch (`capacity_problem`).
     """
-    if capacity < batch_size:
-        raise PodracerError(f"--buffer-size={capacity} is smaller than one batch (--batch-size={batch_size}); "
-                            f"raise --buffer-size or lower --batch-size")
-    if min_size > capacity:
-        raise PodracerError(f"--learning-starts={min_size} transitions never fit in --buffer-size={capacity}; "
-                            f"lower --learning-starts or raise --buffer-size")
+    problem = capacity_problem(capacity, batch_size, min_size)
+    if problem:
+        raise PodracerError(problem)
     return flashbax.make_item_buffer(max_length=capacity, min_length=max(min_size, batch_size),
                                      sample_batch_size=batch_size, add_batches=True)
 

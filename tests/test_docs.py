@@ -90,6 +90,8 @@ COVERED = {
         "tests/test_data_bc.py::test_warm_start_from_expert_dataset_reaches_what_random_cannot",
     f"{LAUNCH} --arch=anakin --algo=sac --env=Pendulum-v1":
         "tests/test_sac_learns.py::test_the_preset_reaches_minus_250_on_pendulum_and_a_zero_learning_rate_does_not",
+    f"{LAUNCH} --algo=dqn":
+        "tests/test_dqn_anakin.py::test_the_preset_solves_cartpole_and_a_learning_rate_of_zero_does_not",
     f"{LAUNCH} --arch=sebulba --init-from-dataset=/tmp/cartpole":
         "tests/test_data_hooks.py::test_sebulba_ppo_warm_start_clones_an_expert",
 }

@@ -32,6 +32,8 @@ PAIRS = {
     ("sebulba", "es"): ["--population=8", "--eval-episodes=2", "--total-steps=1500"],
     ("anakin", "sac"): ["--env=Pendulum-v1", "--num-envs=8", "--rollout-len=8", "--updates-per-call=2",
                         "--total-steps=1024", "--learning-starts=128", "--batch-size=32", "--hidden", "16", "16"],
+    ("anakin", "dqn"): ["--num-envs=8", "--rollout-len=8", "--n-step=3", "--updates-per-call=2", "--total-steps=1024",
+                        "--learning-starts=128", "--batch-size=32"],
     ("anakin", "pqn"): ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=2048",
                         "--minibatches=2"],
 }
@@ -39,10 +41,11 @@ IDS = [f"{arch}-{algo}" for arch, algo in PAIRS]
 ENVS = {("anakin", "ppo"): "navix:Navix-Empty-5x5-v0", ("anakin", "impala"): "jumanji:Knapsack-v1",
         ("anakin", "es"): "brax:fast", ("sebulba", "ppo"): "gymnasium:CartPole-v1",
         ("sebulba", "impala"): "gymnasium:CartPole-v1", ("sebulba", "es"): "gymnasium:CartPole-v1",
-        ("anakin", "sac"): "brax:fast", ("anakin", "pqn"): "navix:Navix-Empty-5x5-v0"}
+        ("anakin", "sac"): "brax:fast", ("anakin", "dqn"): "jumanji:Knapsack-v1",
+        ("anakin", "pqn"): "navix:Navix-Empty-5x5-v0"}
 CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
                     ("sebulba", "es"): 300, ("anakin", "impala"): 256, ("sebulba", "impala"): 128,
-                    ("anakin", "sac"): 256, ("anakin", "pqn"): 256}
+                    ("anakin", "sac"): 256, ("anakin", "dqn"): 256, ("anakin", "pqn"): 256}
 RECORD_EPISODES = 3
 
 

@@ -48,7 +48,7 @@ def test_q_lambda_zero_is_one_step_q_learning_and_one_the_bootstrapped_return():
 
 
 def test_epsilon_falls_linearly_over_its_fraction_of_the_run_then_stays():
-    config = pqn.PQNConfig(epsilon_start=1.0, epsilon_finish=0.1, epsilon_decay=0.5, schedule_updates=40)
+    config = pqn.PQNConfig(epsilon_start=1.0, epsilon_finish=0.1, epsilon_decay_fraction=0.5, schedule_updates=40)
     epsilon = [float(pqn.epsilon_of(config, jnp.asarray(step))) for step in (0, 10, 20, 21, 39)]
     np.testing.assert_allclose(epsilon, [1.0, 0.55, 0.1, 0.1, 0.1], rtol=1e-6)
     with pytest.raises(ValueError, match="schedule_updates"):
@@ -73,7 +73,7 @@ def test_epsilon_greedy_acts_and_scores_its_choices():
 ENV = make_env("CartPole-v1")
 NETWORK = pqn.make_q_network(ENV.spec, NetworkConfig(hidden=(16, 16), activation="relu"))
 CONFIG = AnakinConfig(num_envs=8, rollout_len=16, updates_per_call=3)
-PQN = pqn.PQNConfig(minibatches=4, epochs=2, schedule_updates=6, epsilon_decay=0.5)
+PQN = pqn.PQNConfig(minibatches=4, epochs=2, schedule_updates=6, epsilon_decay_fraction=0.5)
 
 
 def _train(devices, config=PQN, calls=2):

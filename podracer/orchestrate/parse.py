@@ -116,6 +116,10 @@ def parse(argv: Sequence[str]) -> Parsed:
     given = {name: value for name, value in args.items() if value is not None}
     run_fields = {**{f.name: f.default for f in dataclasses.fields(run_config.RunConfig)}, **given}
     pair = (run_fields["arch"], run_fields["algo"])
+    if pair not in run_config.USES:
+        archs = ALGORITHMS[pair[1]].archs
+        raise PodracerError(f"--algo={pair[1]} trains on --arch={' or --arch='.join(archs)}, not --arch={pair[0]}; "
+                            f"use --arch={archs[0]}")
     _refuse_unused(given, pair)
     chosen = preset_for(run_fields["arch"], run_fields["algo"], run_fields["env"])
     values = {**chosen, **given}

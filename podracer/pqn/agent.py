@@ -22,7 +22,7 @@ def epsilon_of(config: PQNConfig, update: jax.Array) -> jax.Array:
         raise ValueError("PQNConfig.schedule_updates is 0: set it to the run's update count "
                          "(the command line fills it in from --total-steps)")
     return epsilon_at(update, config.epsilon_start, config.epsilon_finish,
-                      config.epsilon_decay * config.schedule_updates)
+                      config.epsilon_decay_fraction * config.schedule_updates)
 
 
 def draw_exploration(key: jax.Array, num_actions: int) -> tuple[jax.Array, jax.Array]:

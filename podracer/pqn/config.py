@@ -32,10 +32,10 @@ class PQNConfig:
     """Epsilon-greedy's chance of a random action at the first update."""
     epsilon_finish: float = bounded(0.05, UNIT)
     """Epsilon once decayed, kept to the end of the run (and used by a stochastic evaluation)."""
-    epsilon_decay: float = bounded(0.2, UNIT)
+    epsilon_decay_fraction: float = bounded(0.2, UNIT)
     """Fraction of the run's updates over which epsilon falls linearly from --epsilon-start to --epsilon-finish."""
     schedule_updates: int = bounded(0, NON_NEGATIVE)
-    """Updates the epsilon schedule spans (--epsilon-decay is a fraction of them). 0: the run's own count, from --total-steps, filled in when the command line is read; a run resumed with a larger --total-steps keeps its schedule by giving the saved value."""
+    """Updates the epsilon schedule spans (--epsilon-decay-fraction is a fraction of them). 0: the run's own count, from --total-steps, filled in when the command line is read; a run resumed with a larger --total-steps keeps its schedule by giving the saved value."""
     reward_scale: float = bounded(1.0, POSITIVE)
     """Rewards are multiplied by this before the targets are computed (the returns logged are not)."""
     epochs: int = bounded(4, POSITIVE)
