@@ -16,8 +16,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from podracer import dqn, muzero, ppo, sac, vtrace
-from podracer.acting import RecurrentPolicy, ppo_policy
+from podracer import dqn, muzero, pqn, ppo, sac, vtrace
+from podracer.acting import Policy, RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
 from podracer.normalize import RunningStats
@@ -51,6 +51,9 @@ class Algorithm(NamedTuple):
     """The action spaces it can act in."""
     clones: bool = False
     """Whether `--init-from-dataset` can warm-start it (behaviour cloning of an actor-critic)."""
+    settle: Callable | None = None
+    """`settle(configs) -> section`: its section completed from the run's other sections once the command
+    line is read (PQN: the update count its epsilon schedule spans, from --total-steps)."""
 
     def check_env(self, spec: Any, env_id: str) -> None:
         """Refuses, in one line, an environment whose actions this algorithm cannot take."""
@@ -99,6 +102,22 @@ def _q_network(spec, net):
     return dqn.make_q_network(spec.obs_shape, spec.action_dim, net.hidden, net.activation, spec.action_mask)
 
 
+def _pqn_policy(state, network, config, deterministic):
+    return Policy(pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic), state.params,
+                  "pqn", deterministic)
+
+
+def _load_pqn_policy(network, config, saved, deterministic: bool) -> Callable:
+    params = jax.tree.map(jnp.asarray, saved["params"])
+    act_batch = pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic)
+
+    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
+        """Greedy (`deterministic`) or epsilon-greedy actions, epsilon the run's final one, for obs [B, ...]."""
+        return act_batch(params, obs, jax.random.split(key, obs.shape[0]))[0]
+
+    return act
+
+
 _ACTOR_CRITIC_SWEEPABLE = ("ent_coef", "gamma", "vf_coef")
 _epochs_times_minibatches = lambda config: config.epochs * config.minibatches
 
@@ -118,6 +137,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     "dqn": Algorithm(
         "dqn", dqn.DQNConfig, ("anakin",), _q_network, dqn.make_agent, lambda config: config.updates_per_rollout,
         dqn.policy, dqn.load_policy, ("epsilon_end", "gamma", "tau"), dqn.DQN_FIX, actions=("discrete",)),
+    "pqn": Algorithm(
+        "pqn", pqn.PQNConfig, ("anakin", "sebulba"), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
+        _epochs_times_minibatches, _pqn_policy, _load_pqn_policy,
+        ("epsilon_decay_fraction", "epsilon_finish", "epsilon_start", "gamma", "q_lambda", "reward_scale"),
+        pqn.PQN_FIX,
+        actions=("discrete",), settle=pqn.with_run_updates),
     "muzero": Algorithm(
         "muzero", muzero.MuZeroConfig, ("anakin", "sebulba"), muzero_policy.make_network, muzero.make_agent,
         lambda config: 1, muzero_policy.policy, muzero_policy.load_policy, ("gamma", "value_coef"),

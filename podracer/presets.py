@@ -72,6 +72,29 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
         "num_envs": 8, "rollout_len": 16, "updates_per_call": 50, "n_step": 16, "updates_per_rollout": 2,
         "lr": 1e-3, "max_grad_norm": 10.0, "activation": "relu", "target_update_period": 100,
         "epsilon_end": 0.01, "epsilon_decay": 500, "total_steps": 400_000},
+    # PQN: the paper's classic-control settings (purejaxql's CartPole: 128x128 relu with
+    # layer norm, rewards x0.1, gradients clipped at 10; the learning rate decays, which keeps the end stable).
+    ("anakin", "pqn", "CartPole-v1"): {
+        "num_envs": 32, "rollout_len": 64, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
+        "max_grad_norm": 10.0, "reward_scale": 0.1, "q_lambda": 0.95,
+        "epochs": 4, "minibatches": 16, "total_steps": 250_000},
+    # Sebulba: envpool's CartPole on host threads with the Anakin preset (32 environments split
+    # over 1, 2, 4 or 8 learner devices): 500 by about 190k steps. With 120 environments x 32
+    # steps in 8 minibatches it peaked near 320 and fell back to about 120 (one run).
+    ("sebulba", "pqn", "CartPole-v1"): {
+        "num_envs": 32, "rollout_len": 64, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
+        "max_grad_norm": 10.0, "reward_scale": 0.1, "q_lambda": 0.95, "epochs": 4, "minibatches": 16,
+        "total_steps": 250_000, "log_every": 4},
+    # Atari (envpool): purejaxql's Atari settings on Nature-CNN, the Q-values layer-normed.
+    ("sebulba", "pqn", "Pong-v5"): {
+        "num_envs": 24, "rollout_len": 32, "lr": 2.5e-4, "max_grad_norm": 10.0, "q_lambda": 0.65,
+        "epsilon_finish": 0.001, "epsilon_decay_fraction": 0.1, "epochs": 2, "minibatches": 4,
+        "total_steps": 10_000_000, "env_threads": 2},
+    # MinAtar (gymnax): purejaxql's settings, observations flattened into the MLP.
+    ("anakin", "pqn", "Breakout-MinAtar"): {
+        "num_envs": 128, "rollout_len": 32, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
+        "max_grad_norm": 10.0, "q_lambda": 0.65, "epsilon_finish": 0.01, "epsilon_decay_fraction": 0.1,
+        "epochs": 2, "minibatches": 32, "total_steps": 10_000_000},
     # Gumbel MuZero, 8 simulations a step: few environments and short rollouts, so that each
     # update (128 replayed sequences) follows 32 new steps. The mean return passed 400 after
     # 128k (seed 0) and 168k steps (seed 1), 2.5 to 3 minutes from the command on a shared

@@ -47,6 +47,9 @@ COVERED = {
     f"{LAUNCH} --arch=anakin --algo=muzero":
         "tests/test_muzero_run.py::test_muzero_learns_cartpole_and_a_learning_rate_of_zero_does_not",
     f"{LAUNCH} --algo=es": "tests/test_es_anakin.py::test_cli_run_writes_metrics_and_summary",
+    f"{LAUNCH} --algo=pqn": "tests/test_pqn_runs.py::test_the_defaults_solve_cartpole_where_a_zero_learning_rate_cannot",
+    f"{LAUNCH} --arch=sebulba --algo=pqn":
+        "tests/test_pqn_runs.py::test_sebulba_learns_cartpole_where_a_zero_learning_rate_cannot",
     f"{LAUNCH} --arch=anakin --algo=es": "tests/test_es_anakin.py::test_cli_run_writes_metrics_and_summary",
     f"{LAUNCH} --arch=anakin --algo=es --variant=ars_v2 --population=32":
         "tests/test_cli.py::test_eval_and_load_policy_of_an_es_run",

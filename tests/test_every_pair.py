@@ -36,6 +36,8 @@ PAIRS = {
                         "--total-steps=3200", "--learning-starts=128", "--batch-size=32", "--hidden", "16", "16"],
     ("anakin", "dqn"): ["--num-envs=8", "--rollout-len=8", "--n-step=3", "--updates-per-call=2", "--total-steps=1024",
                         "--learning-starts=128", "--batch-size=32"],
+    ("anakin", "pqn"): ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--total-steps=2048",
+                        "--minibatches=2"],
     ("anakin", "muzero"): ["--num-envs=8", "--rollout-len=4", "--updates-per-call=2", "--total-steps=1024",
                            "--learning-starts=64", "--num-simulations=2"],
 }
@@ -44,10 +46,11 @@ ENVS = {("anakin", "ppo"): "navix:Navix-Empty-5x5-v0", ("anakin", "impala"): "ju
         ("anakin", "es"): "brax:fast", ("sebulba", "ppo"): "gymnasium:CartPole-v1",
         ("sebulba", "impala"): "gymnasium:CartPole-v1", ("sebulba", "es"): "gymnasium:CartPole-v1",
         ("anakin", "sac"): "Pendulum-v1", ("anakin", "dqn"): "jumanji:Knapsack-v1",
-        ("anakin", "muzero"): "navix:Navix-Empty-5x5-v0"}
+        ("anakin", "muzero"): "navix:Navix-Empty-5x5-v0", ("anakin", "pqn"): "navix:Navix-Empty-5x5-v0"}
 CHECKPOINT_EVERY = {("anakin", "ppo"): 256, ("anakin", "es"): 800, ("sebulba", "ppo"): 128,
                     ("sebulba", "es"): 300, ("anakin", "impala"): 256, ("sebulba", "impala"): 128,
-                    ("anakin", "sac"): 1600, ("anakin", "dqn"): 256, ("anakin", "muzero"): 256}
+                    ("anakin", "sac"): 1600, ("anakin", "dqn"): 256, ("anakin", "muzero"): 256,
+                    ("anakin", "pqn"): 256}
 RECORD_EPISODES = 3
 
 

@@ -103,7 +103,8 @@ class Parsed(NamedTuple):
                 if field.name in ignored or field.name in ("arch", "algo", "env", "run_dir") \
                         or value == field.default:
                     continue
-                origin = "given" if field.name in self.given else "preset"
+                origin = ("given" if field.name in self.given else "preset" if field.name in self.preset
+                          else "from the run")  # an algorithm's `settle`
                 out.append(f"{flag_name(field.name)}={shown(value)} ({origin})")
         return list(dict.fromkeys(out))  # a flag shared by two sections once
 
@@ -133,6 +134,9 @@ def parse(argv: Sequence[str]) -> Parsed:
         except ValueError as err:
             raise PodracerError(str(err)) from None
     _refuse_recurrent(configs)
+    algo = ALGORITHMS.get(configs["run"].algo)
+    if algo is not None and algo.settle is not None:
+        configs[algo.name] = algo.settle(configs)
     population.agents(configs)  # a bad --sweep is one line, before anything runs
     if configs["population"].sweep_as_given and not configs["population"].sweep:
         raise PodracerError("--sweep-as-given pairs the values of --sweep lists, and none is given; "

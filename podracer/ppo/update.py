@@ -101,7 +101,7 @@ def random_permutation(key: jax.Array, n: int) -> jax.Array:
     return order.astype(jnp.int32)
 
 
-def _time_orders(key: jax.Array, env_offset, num_envs: int, num_steps: int) -> jax.Array:
+def time_orders(key: jax.Array, env_offset, num_envs: int, num_steps: int) -> jax.Array:
     """One random order of the T steps for every environment column: [T, B].
 
     The key of column b is derived from its *global* index, so a batch split over
@@ -112,7 +112,7 @@ def _time_orders(key: jax.Array, env_offset, num_envs: int, num_steps: int) -> j
     return jax.vmap(lambda k: random_permutation(k, num_steps))(keys).T
 
 
-def _shuffle_time(tree, order: jax.Array):
+def shuffle_time(tree, order: jax.Array):
     """Reorder each environment column's T rows by its column of `order` [T, B]."""
 
     def take(x):
@@ -233,8 +233,8 @@ def make_update(
         env_offset = parallel.axis_offset(num_envs, axis_names)
 
         def epoch(carry, epoch_key):
-            order = _time_orders(epoch_key, env_offset, num_envs, num_steps)
-            shuffled = _shuffle_time(data, order)
+            order = time_orders(epoch_key, env_offset, num_envs, num_steps)
+            shuffled = shuffle_time(data, order)
             minibatches = jax.tree.map(
                 lambda x: x.reshape((config.minibatches, -1) + x.shape[2:]), shuffled)
             return jax.lax.scan(minibatch_step, carry, minibatches,
