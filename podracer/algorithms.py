@@ -103,13 +103,13 @@ def _q_network(spec, net):
 
 
 def _pqn_policy(state, network, config, deterministic):
-    return Policy(pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic), state.params,
+    return Policy(pqn.make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic), state.params,
                   "pqn", deterministic)
 
 
 def _load_pqn_policy(network, config, saved, deterministic: bool) -> Callable:
     params = jax.tree.map(jnp.asarray, saved["params"])
-    act_batch = pqn.make_epsilon_act(network.apply, config.epsilon_finish, greedy=deterministic)
+    act_batch = pqn.make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic)
 
     def act(obs: jax.Array, key: jax.Array) -> jax.Array:
         """Greedy (`deterministic`) or epsilon-greedy actions, epsilon the run's final one, for obs [B, ...]."""
@@ -140,7 +140,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "pqn": Algorithm(
         "pqn", pqn.PQNConfig, ("anakin", "sebulba"), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
         _epochs_times_minibatches, _pqn_policy, _load_pqn_policy,
-        ("epsilon_decay_fraction", "epsilon_finish", "epsilon_start", "gamma", "q_lambda", "reward_scale"),
+        ("epsilon_decay_fraction", "epsilon_end", "epsilon_start", "gamma", "q_lambda", "reward_scale"),
         pqn.PQN_FIX,
         actions=("discrete",), settle=pqn.with_run_updates),
     "muzero": Algorithm(

@@ -88,12 +88,12 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # Atari (envpool): purejaxql's Atari settings on Nature-CNN, the Q-values layer-normed.
     ("sebulba", "pqn", "Pong-v5"): {
         "num_envs": 24, "rollout_len": 32, "lr": 2.5e-4, "max_grad_norm": 10.0, "q_lambda": 0.65,
-        "epsilon_finish": 0.001, "epsilon_decay_fraction": 0.1, "epochs": 2, "minibatches": 4,
+        "epsilon_end": 0.001, "epsilon_decay_fraction": 0.1, "epochs": 2, "minibatches": 4,
         "total_steps": 10_000_000, "env_threads": 2},
     # MinAtar (gymnax): purejaxql's settings, observations flattened into the MLP.
     ("anakin", "pqn", "Breakout-MinAtar"): {
         "num_envs": 128, "rollout_len": 32, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
-        "max_grad_norm": 10.0, "q_lambda": 0.65, "epsilon_finish": 0.01, "epsilon_decay_fraction": 0.1,
+        "max_grad_norm": 10.0, "q_lambda": 0.65, "epsilon_end": 0.01, "epsilon_decay_fraction": 0.1,
         "epochs": 2, "minibatches": 32, "total_steps": 10_000_000},
     # Gumbel MuZero, 8 simulations a step: few environments and short rollouts, so that each
     # update (128 replayed sequences) follows 32 new steps. The mean return passed 400 after

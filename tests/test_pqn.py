@@ -48,7 +48,7 @@ def test_q_lambda_zero_is_one_step_q_learning_and_one_the_bootstrapped_return():
 
 
 def test_epsilon_falls_linearly_over_its_fraction_of_the_run_then_stays():
-    config = pqn.PQNConfig(epsilon_start=1.0, epsilon_finish=0.1, epsilon_decay_fraction=0.5, schedule_updates=40)
+    config = pqn.PQNConfig(epsilon_start=1.0, epsilon_end=0.1, epsilon_decay_fraction=0.5, schedule_updates=40)
     epsilon = [float(pqn.epsilon_of(config, jnp.asarray(step))) for step in (0, 10, 20, 21, 39)]
     np.testing.assert_allclose(epsilon, [1.0, 0.55, 0.1, 0.1, 0.1], rtol=1e-6)
     with pytest.raises(ValueError, match="schedule_updates"):

@@ -21,7 +21,7 @@ def epsilon_of(config: PQNConfig, update: jax.Array) -> jax.Array:
     if not config.schedule_updates:
         raise ValueError("PQNConfig.schedule_updates is 0: set it to the run's update count "
                          "(the command line fills it in from --total-steps)")
-    return epsilon_at(update, config.epsilon_start, config.epsilon_finish,
+    return epsilon_at(update, config.epsilon_start, config.epsilon_end,
                       config.epsilon_decay_fraction * config.schedule_updates)
 
 

@@ -30,10 +30,10 @@ class PQNConfig:
     """Q(lambda)'s trade-off: 0 is one-step Q-learning, 1 the rollout's discounted return bootstrapped at its end."""
     epsilon_start: float = bounded(1.0, UNIT)
     """Epsilon-greedy's chance of a random action at the first update."""
-    epsilon_finish: float = bounded(0.05, UNIT)
+    epsilon_end: float = bounded(0.05, UNIT)
     """Epsilon once decayed, kept to the end of the run (and used by a stochastic evaluation)."""
     epsilon_decay_fraction: float = bounded(0.2, UNIT)
-    """Fraction of the run's updates over which epsilon falls linearly from --epsilon-start to --epsilon-finish."""
+    """Fraction of the run's updates over which epsilon falls linearly from --epsilon-start to --epsilon-end."""
     schedule_updates: int = bounded(0, NON_NEGATIVE)
     """Updates the epsilon schedule spans (--epsilon-decay-fraction is a fraction of them). 0: the run's own count, from --total-steps, filled in when the command line is read; a run resumed with a larger --total-steps keeps its schedule by giving the saved value."""
     reward_scale: float = bounded(1.0, POSITIVE)
