@@ -78,11 +78,12 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
         "num_envs": 32, "rollout_len": 64, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
         "max_grad_norm": 10.0, "reward_scale": 0.1, "q_lambda": 0.95,
         "epochs": 4, "minibatches": 16, "total_steps": 250_000},
-    # Sebulba: envpool's CartPole on host threads with the Anakin preset (32 environments split
-    # over 1, 2, 4 or 8 learner devices): 500 by about 190k steps. With 120 environments x 32
-    # steps in 8 minibatches it peaked near 320 and fell back to about 120 (one run).
+    # Sebulba: envpool's CartPole on host threads, 24 environments (a count that splits over
+    # the learner devices of hosts of 1, 4 and 8 devices; with 32 it reached 500 by about 190k
+    # steps). With 120 environments x 32 steps in 8 minibatches it peaked near 320 and fell
+    # back to about 120 (one run).
     ("sebulba", "pqn", "CartPole-v1"): {
-        "num_envs": 32, "rollout_len": 64, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
+        "num_envs": 24, "rollout_len": 64, "hidden": (128, 128), "activation": "relu", "lr": 1e-4,
         "max_grad_norm": 10.0, "reward_scale": 0.1, "q_lambda": 0.95, "epochs": 4, "minibatches": 16,
         "total_steps": 250_000, "log_every": 4},
     # Atari (envpool): purejaxql's Atari settings on Nature-CNN, the Q-values layer-normed.
@@ -104,7 +105,7 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
         "activation": "relu", "anneal_lr": False, "total_steps": 200_000},
     # Sebulba: the same agent, its search on the actor device over envpool's batch.
     ("sebulba", "muzero", "CartPole-v1"): {
-        "num_envs": 8, "rollout_len": 4, "lr": 1e-3, "max_grad_norm": 5.0, "activation": "relu",
+        "num_envs": 24, "rollout_len": 4, "lr": 1e-3, "max_grad_norm": 5.0, "activation": "relu",
         "anneal_lr": False, "total_steps": 200_000, "log_every": 50},
     # OpenAI-ES, 64 members: the mean parameters reach 500 within about 15
     # generations; 50 generations take a few seconds after a few seconds' compile.

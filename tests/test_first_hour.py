@@ -60,6 +60,7 @@ def _numeric_fields():
 UNBOUNDED = {
     "process_id",  # -1: not joining a run; else checked against --num-processes
     "actor_devices", "learner_devices",  # checked against this host's devices
+    "target_entropy_per_dim",  # SAC's entropy target: any real number per action dimension (-1 by default)
 }
 
 
@@ -86,9 +87,10 @@ def test_a_value_outside_its_range_is_refused(section, name, capsys):
     if bound.low_open and bound.low is not None:
         bad = bound.low  # the open end itself
     flag = "--" + name.replace("_", "-")
+    from podracer.algorithms import ALGORITHMS
+
     arch, algo = {"es": ("anakin", "es"), "sebulba": ("sebulba", "ppo"),
-                  "impala": ("anakin", "impala"), "muzero": ("anakin", "muzero"),
-                  "sac": ("anakin", "sac")}.get(section, ("anakin", "ppo"))
+                  **{name: ("anakin", name) for name in ALGORITHMS}}.get(section, ("anakin", "ppo"))
     value = [str(bad)] if isinstance(field.default, tuple) else [f"{bad}"]
     is_int = isinstance(field.default, int) or (isinstance(field.default, tuple)
                                                 and isinstance(field.default[0], int))

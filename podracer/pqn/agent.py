@@ -52,7 +52,7 @@ def make_epsilon_act(apply_fn: Callable, epsilon: float, greedy: bool = False) -
 
 
 def make_agent(network, optimizer: optax.GradientTransformation, config: PQNConfig, spec: Any,
-               rollout_len: int, axis_names: Sequence[str] = ()) -> Agent:
+               rollout_len: int, axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
     """PQN on a Q-network (`podracer.pqn.QNetwork`) as an `Agent`.
 
     Acting is epsilon-greedy, epsilon read off the state's update counter
