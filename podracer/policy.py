@@ -42,7 +42,7 @@ def env_spec_of(arch: str, env_id: str):
         from podracer.sebulba.envs import env_spec
 
         return env_spec(env_id)
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     return make_env(env_id).spec
 

@@ -183,7 +183,7 @@ def record_policy(data: DataConfig, arch: str, env_id: str, policy: Policy, seed
 def _record_gymnax(writer: DatasetWriter, env_id: str, policy: Policy, num_episodes: int,
                    key: jax.Array) -> list[float]:
     """`num_episodes` episodes in jitted chunks of `make_recorder`; returns their returns."""
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     params = parallel.to_host(policy.params)
     chunk = min(num_episodes, RECORD_CHUNK)

@@ -232,7 +232,7 @@ def _check_env(run_cfg: run_config.RunConfig) -> None:
     """An environment id the architecture cannot run, or whose actions the algorithm cannot take, is
     refused before anything is built."""
     if run_cfg.arch == "anakin":
-        from podracer.anakin.env import make_env
+        from podracer.envs.jax_envs import make_env
 
         spec = make_env(run_cfg.env).spec
     else:
