@@ -129,6 +129,20 @@ class Agent(NamedTuple):
     acting_state: Callable[[Any], Any] = lambda state: state
     """`acting_state(state) -> the part of it that `act` and `prepare` read`: what Sebulba's learner
     publishes to its actors after every update (default: the whole state)."""
+    for_rollout: Callable[[Any, jax.Array], Any] = lambda acting_state, env_index: acting_state
+    """`for_rollout(acting_state, env_index [B]) -> what `act` and `prepare` are given in its place` for
+    one rollout, computed once before it from the global indices of this device's environments
+    (default: the acting state itself). An agent whose environments act with different parameters
+    (ES: each environment its population member's perturbed ones) draws them here once, not at
+    every step."""
+    fresh_episodes: Callable[[jax.Array], jax.Array] | None = None
+    """With it, every rollout is one new episode per environment, as ES evaluates a member: before
+    each rollout the architecture resets the environments (and `initial_carry`), environment `i`'s
+    reset and steps drawn from the index `fresh_episodes(i)` instead of `i`, so environments given
+    one index live the same episode (ES: both members of an antithetic pair). What follows an
+    episode's end within the rollout is for the agent to ignore (`prepare` masks it), so an ended
+    episode restarts from the rollout's first state rather than drawing a new reset at every step.
+    `None` (default): episodes run on across rollouts."""
     check_vma: bool = True
     """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
     for the check is run without it (mctx's search loops start from constants and carry per-device
