@@ -84,3 +84,7 @@ def test_pair_members_live_the_same_episodes_and_rewards_stop_at_the_first_end()
         np.testing.assert_array_equal(returns[:, 0], returns[:, 1])
         assert len(np.unique(returns[:, 0])) > 1
         assert np.all(returns > 0) and np.all(returns < 300)  # unmasked, every one would be 300
+        # The episodes the log counts are the same ones: each environment's, up to its first end.
+        assert int(experience.episodes["episodes"]) == 16
+        assert float(experience.episodes["episode_return_sum"]) == returns.sum()
+        assert int(experience.episodes["episode_length_sum"]) == returns.sum()  # CartPole pays 1 a step

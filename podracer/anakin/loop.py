@@ -182,6 +182,14 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
 
     def episodes(ts: TimeStep) -> dict:
         done = jnp.logical_or(ts.terminated, ts.truncated)
+        if fresh is not None:  # each environment's one episode: its rows up to its first end
+            first = jnp.cumsum(done, axis=0) - done == 0
+            ended = jnp.any(done, axis=0)
+            return parallel.psum({
+                "episodes": ended.sum(),
+                "episode_return_sum": jnp.where(ended, jnp.sum(jnp.where(first, ts.reward, 0.0), 0), 0.0).sum(),
+                "episode_length_sum": jnp.where(ended, jnp.sum(first, 0), 0).sum(),
+            }, axes)
         return parallel.psum({
             "episodes": done.sum(),
             "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),

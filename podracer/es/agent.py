@@ -152,6 +152,8 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
                                                in_axes=1, out_axes=1)(obs)
             action = jax.vmap(pair)(noise, obs.reshape(-1, 2, episodes, *obs.shape[1:]))  # [P, 2, E, ...]
             return action.reshape(num_envs, *action.shape[3:]), carry, ()
+        if episodes == 1:  # no batch axis of size 1 through every step
+            return jax.vmap(policy.apply)(members.params, obs), carry, ()
         action = jax.vmap(each)(members.params, obs.reshape(-1, episodes, *obs.shape[1:]))  # [M, E, ...]
         return action.reshape(num_envs, *action.shape[2:]), carry, ()
 
