@@ -68,6 +68,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class Rollout(NamedTuple):
@@ -96,6 +97,19 @@ class Trajectory(NamedTuple):
     carry: Any  # () for an agent without one
     next_obs: jax.Array  # [B, ...]: the observation after the last row
     next_carry: Any  # [B, ...] leaves: the carry to act on `next_obs` with
+
+
+def first_episode(trajectory: Trajectory) -> jax.Array:
+    """[T, B] bool: the rows of each environment's first episode in `trajectory`, its end included.
+
+    What an agent with `Agent.fresh_episodes` learns from (the rest of its rollout
+    is ignored). From the index of the first end, not a cumulative sum: XLA:CPU
+    runs a cumulative sum over T rows as a window of T, T * T work per column.
+    """
+    done = jnp.logical_or(trajectory.terminated, trajectory.truncated)
+    rows = done.shape[0]
+    first_end = jnp.where(jnp.any(done, axis=0), jnp.argmax(done, axis=0), rows)
+    return jnp.arange(rows)[:, None] <= first_end[None, :]
 
 
 class Agent(NamedTuple):

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.agent import Agent, AgentFor, Trajectory
+from podracer.agent import Agent, AgentFor, Trajectory, first_episode
 from podracer.protocol import parallel
 from podracer.envs.jax_envs import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
@@ -183,7 +183,7 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
     def episodes(ts: TimeStep) -> dict:
         done = jnp.logical_or(ts.terminated, ts.truncated)
         if fresh is not None:  # each environment's one episode: its rows up to its first end
-            first = jnp.cumsum(done, axis=0) - done == 0
+            first = first_episode(ts)
             ended = jnp.any(done, axis=0)
             return parallel.psum({
                 "episodes": ended.sum(),

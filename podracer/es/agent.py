@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from podracer.agent import Agent, Rollout, Trajectory
+from podracer.agent import Agent, Rollout, Trajectory, first_episode
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig, make_strategy
 from podracer.es.strategy import Perturbation, Strategy
@@ -82,13 +82,6 @@ def _all_dense(policy: nn.Module, variables, dummy_obs) -> bool:
     except Exception:  # noqa: BLE001  (other layers: member by member)
         return False
     return True
-
-
-def _alive(trajectory: Trajectory) -> jax.Array:
-    """[T, B] 1.0 for the rows of each environment's first episode (up to and with its end), else 0.0."""
-    ended = jnp.logical_or(trajectory.terminated, trajectory.truncated).astype(jnp.float32)
-    survived = jnp.cumprod(1.0 - ended, axis=0)
-    return jnp.concatenate([jnp.ones_like(survived[:1]), survived[:-1]], axis=0)
 
 
 def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, horizon: int,
@@ -158,7 +151,7 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
         return action.reshape(num_envs, *action.shape[2:]), carry, ()
 
     def prepare(members: Members, trajectory: Trajectory):
-        alive = _alive(trajectory)
+        alive = first_episode(trajectory).astype(jnp.float32)
         returns = jnp.sum(alive * trajectory.reward, axis=0)
         seen = ()
         if normalize:
