@@ -1,5 +1,7 @@
 """ES as an agent on the contract: a generation is one rollout of Anakin's one program (`loop.make_programs`)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.envs.jax_envs import make_env
 from podracer.es.agent import make_agent
 from podracer.networks import make_policy_network
+from podracer.population import with_values
 from podracer.protocol import parallel
 
 SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
@@ -88,3 +91,41 @@ def test_pair_members_live_the_same_episodes_and_rewards_stop_at_the_first_end()
         assert int(experience.episodes["episodes"]) == 16
         assert float(experience.episodes["episode_return_sum"]) == returns.sum()
         assert int(experience.episodes["episode_length_sum"]) == returns.sum()  # CartPole pays 1 a step
+
+
+@pytest.mark.parametrize("devices, sharded", [(1, False), (2, True)])
+def test_population_agent_equals_a_run_of_one(devices, sharded):
+    """A population of ES agents (sigma and es_lr swept, traced) is the one-agent program vmapped:
+    each agent's generations are those of a run of one with its settings and seed."""
+    env = make_env("CartPole-v1")
+    policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, SMALL)
+    config = es.ESConfig(population=16, horizon=100, generations_per_call=3)
+    anakin = AnakinConfig(num_envs=16, rollout_len=100, updates_per_call=3)
+    mesh = parallel.make_mesh(jax.devices()[:devices])
+    agent_for = lambda hparams, axes: make_agent(policy, None, with_values(config, hparams), env.spec, 100, axes)
+    keys = jnp.stack([jax.random.PRNGKey(1), jax.random.PRNGKey(2)])
+    hparams = {"sigma": jnp.asarray([0.05, 0.2], jnp.float32), "es_lr": jnp.asarray([0.03, 0.1], jnp.float32)}
+    programs = make_programs(env, agent_for, anakin, mesh, population=True, sharded=sharded)
+    runner = programs.init(keys, hparams)
+    for _ in range(2):
+        runner, metrics = programs.train(runner)
+    means = np.asarray(runner.train.strategy.mean)
+    assert not np.allclose(means[0], means[1])
+    for i in range(2):
+        settings = {name: float(values[i]) for name, values in hparams.items()}
+        one, history = _run_with(env, policy, dataclasses.replace(config, **settings), keys[i], calls=2)
+        np.testing.assert_allclose(means[i], one.train.strategy.mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(metrics["fitness_mean"])[:, i], history[-1]["fitness_mean"],
+                                   rtol=1e-5)
+
+
+def _run_with(env, policy, config, key, calls):
+    anakin = AnakinConfig(num_envs=config.population, rollout_len=config.horizon,
+                          updates_per_call=config.generations_per_call)
+    programs = make_programs(env, fixed_agent(make_agent, policy, None, config, env.spec, config.horizon), anakin,
+                             parallel.make_mesh(jax.devices()[:1]))
+    runner, history = programs.init(key), []
+    for _ in range(calls):
+        runner, metrics = programs.train(runner)
+        history.append(jax.device_get(metrics))
+    return jax.device_get(runner), history
