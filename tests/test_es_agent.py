@@ -1,5 +1,6 @@
 """ES as an agent on the contract: a generation is one rollout of Anakin's one program (`loop.make_programs`)."""
 
+import contextlib
 import dataclasses
 
 import jax
@@ -10,6 +11,7 @@ import pytest
 from podracer import es
 from podracer.agent import fixed_agent
 from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.anakin.profiled import compile_agent_phases, make_profiled_train
 from podracer.envs.jax_envs import make_env
 from podracer.es.agent import make_agent
 from podracer.networks import make_policy_network
@@ -129,3 +131,18 @@ def _run_with(env, policy, config, key, calls):
         runner, metrics = programs.train(runner)
         history.append(jax.device_get(metrics))
     return jax.device_get(runner), history
+
+
+def test_profile_phases_compute_the_fused_generations():
+    """--profile's acting and learning, compiled apart, are the fused program's generations."""
+    config = es.ESConfig(variant="ars_v2", population=16, horizon=100, generations_per_call=3)
+    programs = _programs("CartPole-v1", config, jax.devices()[:2])
+    fused, metrics = programs.train(programs.init(jax.random.PRNGKey(3)))
+    runner = programs.init(jax.random.PRNGKey(3))
+    train = make_profiled_train(*compile_agent_phases(programs.act, programs.learn, runner), 3,
+                                lambda name: contextlib.nullcontext())
+    profiled, profiled_metrics = train(runner)
+    assert not np.allclose(profiled.train.strategy.mean, runner.train.strategy.mean)  # not vacuous
+    np.testing.assert_array_equal(profiled.train.strategy.mean, fused.train.strategy.mean)
+    np.testing.assert_array_equal(profiled.train.obs_stats.mean, fused.train.obs_stats.mean)
+    np.testing.assert_array_equal(profiled_metrics["fitness_mean"], metrics["fitness_mean"])
