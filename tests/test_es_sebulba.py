@@ -218,8 +218,8 @@ def test_learns_cartpole_and_writes_the_run_files(tmp_path):
     summary, (state, _) = sebulba_train_es.train_es(configs, jax.devices()[:2])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     returns = [row["mean_params_return"] for row in rows]
-    assert returns[0] < 100 and max(returns) >= 475, returns
-    assert summary["mean_params_return"] >= 475 and summary["episode_return_mean"] > 300
+    assert returns[0] < 100 and returns[-1] == summary["mean_params_return"] >= 475, returns  # at the end
+    assert summary["episode_return_mean"] > 300
     assert summary["generations"] == len(rows) == int(state.generation)
     assert rows[-1]["env_steps"] == summary["env_steps"] >= 200_000 > rows[-2]["env_steps"]
     for key in ("env_steps", "sps", "episode_return_mean", "mean_params_return", "generations",
