@@ -27,8 +27,10 @@ import jax
 import numpy as np
 import pytest
 
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.ppo import make_agent
 from podracer.config import OptimConfig, make_optimizer
 from podracer.networks import make_network
 from podracer.ppo import PPOConfig
@@ -55,8 +57,8 @@ def _returns(env_id, calls, num_envs, control_calls=1, rollout_len=32, updates_p
     config = AnakinConfig(num_envs=num_envs, rollout_len=rollout_len, updates_per_call=updates_per_call)
     num_updates = calls * updates_per_call * ppo_config.epochs * ppo_config.minibatches
     optimizer = make_optimizer(OptimConfig(lr=lr), num_updates)
-    init, train = make_anakin(env, network, optimizer, ppo_config, config,
-                              parallel.make_mesh(jax.devices()[:1]))
+    init, train, _, _ = make_programs(env, fixed_agent(make_agent, network, optimizer, ppo_config, env.spec,
+                                                      config.rollout_len), config, parallel.make_mesh(jax.devices()[:1]))
 
     def play(runner, num_calls):
         returns = []
