@@ -149,8 +149,9 @@ def test_the_summaries_common_keys_mean_the_same(combined):
 # Two processes need only train a little to show that they agree. Each of SAC's gradient steps
 # averages over both processes through the host's collectives, which on a loaded 2-core CPU takes
 # most of a second: 2 calls of 25 rollouts took 150 s, 4 rollouts (2 of them learning, once the
-# buffer holds 128 transitions) take a few seconds.
-TWO_PROCESSES = {("anakin", "sac"): ["--updates-per-call=4", "--total-steps=256"]}
+# buffer holds 128 transitions) take a few seconds. MuZero: 8 rollouts, 5 of them learning.
+TWO_PROCESSES = {("anakin", "sac"): ["--updates-per-call=4", "--total-steps=256"],
+                 ("anakin", "muzero"): ["--total-steps=256"]}
 # tests/test_multiprocess.py runs PPO and ES on both architectures over two processes and proves
 # more of them (they match one process), so their rows here would only repeat it.
 JOINED_ELSEWHERE = {("anakin", "ppo"), ("sebulba", "ppo"), ("anakin", "es"), ("sebulba", "es")}
