@@ -17,6 +17,7 @@ from conftest import LAUNCHER, PYTHON, REPO_ROOT
 from podracer import es
 from podracer.protocol import parallel
 from podracer.orchestrate.cli import main
+from podracer.orchestrate.spec import RunSpec
 from podracer.config import NetworkConfig, RunConfig
 from podracer.es.config import ESConfig, make_strategy
 from podracer.sebulba.config import SebulbaConfig, split_devices
@@ -33,10 +34,10 @@ SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
 
 def _configs(tmp_path, env="CartPole-v1", total_steps=10_000, seed=0, network=SMALL, sebulba=None,
              **es_settings):
-    return {"run": RunConfig(arch="sebulba", algo="es", env=env, total_steps=total_steps, seed=seed,
-                             run_dir=str(tmp_path)),
-            "es": ESConfig(**es_settings), "sebulba": sebulba or SebulbaConfig(),
-            "network": NetworkConfig(hidden=network)}
+    return RunSpec(run=RunConfig(arch="sebulba", algo="es", env=env, total_steps=total_steps, seed=seed,
+                                 run_dir=str(tmp_path)),
+                   agent=ESConfig(**es_settings), sebulba=sebulba or SebulbaConfig(),
+                   network=NetworkConfig(hidden=network))
 
 
 # ---------------------------------------------------------------- counting episodes
