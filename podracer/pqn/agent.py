@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +11,10 @@ import optax
 from podracer.agent import Agent, Rollout, Trajectory
 from podracer.networks import init_params
 from podracer.pqn.config import PQNConfig
-from podracer.pqn.targets import epsilon_at, epsilon_greedy, epsilon_greedy_log_prob
+from podracer.pqn.targets import epsilon_at
 from podracer.pqn.update import QTransition, make_update
 from podracer.ppo.update import init_train_state
+from podracer.qnetwork import draw_exploration, epsilon_greedy
 
 
 def epsilon_of(config: PQNConfig, update: jax.Array) -> jax.Array:
@@ -25,35 +26,9 @@ def epsilon_of(config: PQNConfig, update: jax.Array) -> jax.Array:
                       config.epsilon_decay_fraction * config.schedule_updates)
 
 
-def draw_exploration(key: jax.Array, num_actions: int) -> tuple[jax.Array, jax.Array]:
-    """One environment's exploration draw: a uniform number (explore below epsilon) and a random action."""
-    uniform_key, action_key = jax.random.split(key)
-    return jax.random.uniform(uniform_key), jax.random.randint(action_key, (), 0, num_actions)
-
-
-def make_epsilon_act(apply_fn: Callable, epsilon: float, greedy: bool = False) -> Callable:
-    """`act_fn(params, obs [B, ...], keys [B, 2]) -> (action, log_prob)`: a trained Q-network's policy.
-
-    Epsilon-greedy with `epsilon`, or with `greedy` the argmax; either way the
-    log-probability is that of the epsilon-greedy choice (what a recorded
-    dataset keeps, as PPO's keeps its stochastic policy's beside a mode).
-    """
-
-    def act_fn(params, obs, keys):
-        q = apply_fn(params, obs)
-        if greedy:
-            action = jnp.argmax(q, axis=-1).astype(jnp.int32)
-        else:
-            uniform, random_action = jax.vmap(lambda k: draw_exploration(k, q.shape[-1]))(keys)
-            action = epsilon_greedy(q, epsilon, uniform, random_action)
-        return action, epsilon_greedy_log_prob(q, action, jnp.asarray(epsilon, q.dtype))
-
-    return act_fn
-
-
 def make_agent(network, optimizer: optax.GradientTransformation, config: PQNConfig, spec: Any,
                rollout_len: int, axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
-    """PQN on a Q-network (`podracer.pqn.QNetwork`) as an `Agent`.
+    """PQN on a Q-network (`podracer.pqn.make_q_network`: a layer-normed `podracer.qnetwork.QNetwork`) as an `Agent`.
 
     Acting is epsilon-greedy, epsilon read off the state's update counter
     (`epsilon_of`), so a population's agents and a resumed run act as one run
