@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.agent import Agent, Trajectory
+from podracer.agent import Agent, Trajectory, all_finite
 from podracer.protocol import parallel
 from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
@@ -201,8 +201,7 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
         state, metrics = agent.learn(state, experience.batch, experience.bootstrap_value,
                                      experience.update_key, experience.carry)
         # For the NaN guard: checked on the host before anything is saved.
-        metrics["params_finite"] = jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]))
+        metrics["params_finite"] = all_finite(agent.learned_state(state))
         metrics.update(experience.episodes)
         return state, metrics
 

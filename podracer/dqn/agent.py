@@ -63,8 +63,9 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: DQNConf
     def learn(state, transitions, bootstrap, key, carry):
         return update(state, replay.gather_rollout(transitions, axes), key)
 
+    # The NaN guard reads what learning computes, not the buffer of what the environments answered.
     return Agent(init, act, prepare, learn, Rollout(rollout_len), draw=lambda key: key,
-                 initial_carry=lambda num_envs: ())
+                 initial_carry=lambda num_envs: (), learned_state=lambda state: state._replace(buffer=()))
 
 
 def _policy_act_fn(network, config: DQNConfig, deterministic: bool) -> Callable:
