@@ -70,6 +70,24 @@ def test_epsilon_greedy_acts_and_scores_its_choices():
                                [0.8 + 0.2 / 3, 0.2 / 3], rtol=1e-6)
 
 
+@pytest.mark.parametrize("twice", [False, True])
+def test_the_truncation_bootstrap_evaluates_the_truncated_rows_final_observations(twice):
+    from podracer.agent import Trajectory
+    from podracer.pqn.agent import truncated_q_max
+
+    # 6 steps of 3 environments: env 0 truncated at row 2, env 1 never, env 2 at row 5 (and at row 1 too, `twice`).
+    truncated = np.zeros((6, 3), bool)
+    truncated[2, 0] = truncated[5, 2] = True
+    truncated[1, 2] = twice
+    final_obs = jax.random.normal(jax.random.PRNGKey(0), (6, 3, 4))
+    q_max = lambda params, obs: jnp.sum(obs * params, axis=-1)  # any function of each observation alone
+    params = jnp.asarray([1.0, -2.0, 3.0, 0.5])
+    rollout = Trajectory(None, None, None, None, jnp.asarray(truncated), final_obs, None, None, None, None)
+    got = truncated_q_max(q_max, params, rollout)
+    expected = q_max(params, final_obs)
+    np.testing.assert_allclose(np.asarray(got)[truncated], np.asarray(expected)[truncated], rtol=1e-6)
+
+
 ENV = make_env("CartPole-v1")
 NETWORK = pqn.make_q_network(ENV.spec, NetworkConfig(hidden=(16, 16), activation="relu"))
 CONFIG = AnakinConfig(num_envs=8, rollout_len=16, updates_per_call=3)
