@@ -145,3 +145,16 @@ def all_finite(tree: Any) -> jax.Array:
     """Whether every floating-point leaf of `tree` is finite (a scalar bool): the NaN guard's reading."""
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
                               if jnp.issubdtype(x.dtype, jnp.inexact)] or [jnp.bool_(True)]))
+
+
+AgentFor = Callable[[dict, tuple], Agent]
+"""`agent_for(swept settings, axis names) -> Agent`: how an architecture builds a population member's agent."""
+
+
+def fixed_agent(make_agent: Callable, *args, **kwargs) -> AgentFor:
+    """`agent_for` of an agent whose settings nothing sweeps: `make_agent(*args, axis_names, **kwargs)`.
+
+    For your own loop: `make_programs(env, fixed_agent(ppo.make_agent, network,
+    optimizer, PPOConfig(), env.spec, rollout_len), config, mesh)`.
+    """
+    return lambda _hparams, axis_names: make_agent(*args, axis_names, **kwargs)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from podracer.session import storage
+from podracer import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                          restore_on_host)
 from podracer.acting import RecurrentPolicy, make_es_act  # noqa: F401 (RecurrentPolicy: load_policy's)
@@ -42,7 +42,7 @@ def env_spec_of(arch: str, env_id: str):
         from podracer.sebulba.envs import env_spec
 
         return env_spec(env_id)
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     return make_env(env_id).spec
 

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from podracer import bc, data
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.train import train_ppo
 from podracer.data.train_hooks import HOOKS
 from podracer.orchestrate.cli import main, parse_configs

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.envs.spec import check_masked_inputs
 from podracer.anakin.loop import make_layout, make_programs
 from podracer.anakin.population import agent_inputs

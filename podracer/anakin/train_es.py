@@ -13,7 +13,7 @@ from typing import Any
 import jax
 
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer import population
 from podracer.envs.spec import check_masked_inputs
 from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout

@@ -24,7 +24,7 @@ def steps_per_call(configs: dict[str, Any]) -> int | None:
     if run.algo == "es":
         if run.arch == "sebulba":
             return None
-        from podracer.anakin.env import make_env
+        from podracer.envs.jax_envs import make_env
         from podracer.anakin.es import episode_horizon
 
         es = configs["es"]

@@ -53,7 +53,7 @@ def rollout_bytes(configs: dict[str, Any]) -> int | None:
     if run.algo == "es":
         return None
     if run.arch == "anakin":
-        from podracer.anakin.env import make_env
+        from podracer.envs.jax_envs import make_env
 
         spec = make_env(run.env).spec
     else:

@@ -77,7 +77,7 @@ def check_training_flags(training_flags: Sequence[str], provisioner_flags: Itera
 def check_env(arch: str, env: str) -> None:
     """The environment id is one the architecture can run, as the trainer checks it."""
     if arch == "anakin":
-        from podracer.anakin.env import make_env
+        from podracer.envs.jax_envs import make_env
 
         make_env(env)
     else:
