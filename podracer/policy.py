@@ -8,7 +8,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from podracer.session import storage
+from podracer import storage
 from podracer.session.checkpoint import (Checkpointer, CheckpointConfig, checkpoint_dir, has_checkpoint,
                                          restore_on_host)
 from podracer.acting import RecurrentPolicy, make_es_act  # noqa: F401 (RecurrentPolicy: load_policy's)

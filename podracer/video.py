@@ -37,7 +37,7 @@ def check_path(path: str) -> None:
         import imageio  # noqa: F401
     except ImportError:
         raise PodracerError("--video needs imageio: pip install -e \".[video]\"") from None
-    from podracer.session.storage import probe_creatable
+    from podracer.storage import probe_creatable
 
     probe_creatable(path, "--video")  # before the policy is loaded and its episodes played
 

@@ -47,7 +47,7 @@ from podracer.errors import PodracerError
 from podracer.normalize import init_running_stats, update_stats
 from podracer.policy import env_spec_of
 from podracer.ppo import PPOConfig, init_train_state
-from podracer.session import storage
+from podracer import storage
 from podracer.session.session import DatasetHooks
 from podracer.types import TrainState
 from podracer.version import __version__

@@ -22,7 +22,8 @@ from podracer.orchestrate.flags import flag_name
 from podracer.orchestrate import preflight
 from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs, triple
 from podracer.orchestrate.plan import rounding_note
-from podracer.session import heartbeat, lock, signals, startup, storage
+from podracer import storage
+from podracer.session import heartbeat, lock, signals, startup
 from podracer.session.checkpoint import check_resumable
 from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, disk_full_is_one_line,
                                       finished_message, finished_summary, link_latest, prepare_run_dir,

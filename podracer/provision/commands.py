@@ -33,7 +33,7 @@ from podracer.provision.report import (
 from podracer.provision.slices import multislice, slice_shape
 from podracer.provision.spec import Command, SliceSpec
 from podracer.provision.startup import make_startup_script, worker_config
-from podracer.session import storage
+from podracer import storage
 
 
 def execute(command: Command, say: Say) -> int:

@@ -39,7 +39,7 @@ from typing import Sequence
 from packaging.requirements import Requirement
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LAUNCHER = REPO_ROOT / "launch" / "tpu.py"

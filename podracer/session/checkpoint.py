@@ -30,7 +30,8 @@ import jax
 from podracer.config import used_configs
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
-from podracer.session import signals, storage
+from podracer import storage
+from podracer.session import signals
 
 CHECKPOINT_DIR = "checkpoints"
 

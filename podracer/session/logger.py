@@ -26,7 +26,8 @@ import time
 from typing import Any, BinaryIO, TextIO
 
 from podracer.errors import PodracerError
-from podracer.session import storage, writers
+from podracer import storage
+from podracer.session import writers
 
 # The clock the logger reads; a module attribute so that tests can drive it.
 clock = time.perf_counter

@@ -16,7 +16,7 @@ Every flag that concerns the host (`--run-dir`, `--checkpoint-every`,
 therefore handled here, once, for every pair. So is a `gs://` run directory:
 checkpoints go there through orbax; the files that grow or that libraries
 write locally (metrics, TensorBoard events, the profile trace, the summary) go
-through `self.staging` (`podracer.session.storage`).
+through `self.staging` (`podracer.storage`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFla
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
 from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
-from podracer.session import heartbeat, startup, storage
+from podracer import storage
+from podracer.session import heartbeat, startup
 from podracer.session.timing import Timings, as_metrics, format_breakdown
 
 
