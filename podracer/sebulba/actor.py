@@ -85,10 +85,10 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any) -> Acting:
     The randomness of many steps is drawn in one call (`draw`, as `Agent.draw`
     intends), and everything `act` returns comes back as one uint32 array:
     acting costs one dispatch and one device-to-host copy per step, whatever the
-    agent returns. Drawing inside the step would also leave XLA:CPU two
-    independent branches (the key's and the network's), which it runs on two
-    threads: a thread hand-off per step that cost more than it saved (CartPole's
-    MLP on 120 environments: about 120 us of CPU a step against 55 us).
+    agent returns. Drawing inside the step cost two XLA:CPU while loops of
+    threefry per call, in a branch independent of the network's, which XLA:CPU
+    at times ran on a second thread: a hand-off per step (CartPole's MLP on 120
+    environments: 120-176 us of CPU a call, against 48 us with the noise drawn ahead).
     """
 
     def draw(key, calls: int, batch: int):
@@ -132,7 +132,7 @@ def trajectory_shapes(acting: Acting, rollout_len: int, num_envs: int) -> Trajec
 
 
 class Draws:
-    """An actor thread's randomness (`Acting.draw`), drawn `calls` steps ahead on its device, handed out a step at a time.
+    """An actor thread's randomness (`Acting.draw`): drawn `calls` steps ahead on its device, given out step by step.
 
     One call draws for many steps; each block comes to the host once, and each
     step's share goes back with that step's observations.
@@ -154,7 +154,7 @@ class Draws:
 
 def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: int, num_envs: int,
             rollout_len: int) -> None:
-    """Compile `acting`'s step and `prepare` for `device` and an actor thread's shapes, before any
+    """Compile `acting`'s draw, step and `prepare` for `device` and an actor thread's shapes, before any
     thread starts (and before a profile's trace window opens)."""
     zeros = lambda tree: jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
     one_batch = lambda tree: jax.tree.map(lambda x: np.zeros((env_batch, *x.shape), x.dtype), tree)
