@@ -4,7 +4,7 @@ Reference hyperparameters (the common single-file JAX PPO's): 4 envs x 128 steps
 4 epochs x 4 minibatches, 64x64 tanh MLPs, Adam 2.5e-4 annealed, 500k steps.
 Everything is measured in this one process, side by side:
 
-- podracer: `podracer.anakin.make_anakin` on one device.
+- podracer: `podracer.anakin.loop.make_programs` on one device.
 - peer: `bench/peer_purejaxrl.py`, a faithful copy of that single-file PPO.
 - env ceiling: gymnax CartPole stepped with random actions at the same batch.
 - podracer anakin, --network=lstm: the same program with an LSTM core (a 64-unit
@@ -35,11 +35,12 @@ import numpy as np
 
 import peer_purejaxrl
 from podracer.protocol import parallel
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.config import OptimConfig, make_optimizer
 from podracer.networks import make_network
-from podracer.ppo import PPOConfig
+from podracer.ppo import PPOConfig, make_agent
 
 NUM_ENVS, ROLLOUT, TOTAL, SOLVED = 4, 128, 500_000, 475.0
 
@@ -73,7 +74,8 @@ def podracer_program(network_kind: str = "mlp"):
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, network=network_kind)
     config = AnakinConfig(num_envs=NUM_ENVS, rollout_len=ROLLOUT, updates_per_call=UPDATES_PER_CALL)
     optimizer = make_optimizer(OptimConfig(lr=2.5e-4), NUM_UPDATES * 16)
-    return make_anakin(env, network, optimizer, PPOConfig(), config, parallel.make_mesh(jax.devices()[:1]))
+    agent_for = fixed_agent(make_agent, network, optimizer, PPOConfig(), env.spec, config.rollout_len)
+    return make_programs(env, agent_for, config, parallel.make_mesh(jax.devices()[:1]))[:2]
 
 
 def podracer_run(seed: int) -> dict:

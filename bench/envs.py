@@ -26,11 +26,12 @@ import common  # noqa: F401  (puts the repository on sys.path)
 import jax
 import jax.numpy as jnp
 
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.config import OptimConfig, make_optimizer
 from podracer.networks import make_network
-from podracer.ppo import PPOConfig
+from podracer.ppo import PPOConfig, make_agent
 from podracer.protocol import parallel
 
 NUM_ENVS, ROLLOUT, UPDATES_PER_CALL = 64, 64, 4
@@ -73,8 +74,8 @@ def make_podracer_ppo(env_id: str, updates_per_call: int = UPDATES_PER_CALL):
                            action_mask=env.spec.action_mask)
     config = AnakinConfig(num_envs=NUM_ENVS, rollout_len=ROLLOUT, updates_per_call=updates_per_call)
     optimizer = make_optimizer(OptimConfig(lr=3e-4), 1000)
-    init, train = make_anakin(env, network, optimizer, PPOConfig(epochs=4, minibatches=4), config,
-                              parallel.make_mesh(jax.devices()[:1]))
+    agent_for = fixed_agent(make_agent, network, optimizer, PPOConfig(epochs=4, minibatches=4), env.spec, ROLLOUT)
+    init, train, _, _ = make_programs(env, agent_for, config, parallel.make_mesh(jax.devices()[:1]))
     runner = init(jax.random.PRNGKey(0))
     train = train.lower(runner).compile()
     runner, _ = common.timed(train, runner)[0]

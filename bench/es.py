@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
         sys.exit("bench/es.py compares against evosax: pip install -e \".[bench]\" (or evosax)")
 
     from podracer.protocol import parallel
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
     from podracer.anakin.es import (make_anakin_es, make_episode_fn, make_es_layout,
                                      make_fitness_fn)
     from podracer.es import ESConfig

@@ -30,11 +30,12 @@ import jax
 import numpy as np
 
 import peer_purejaxrl_rnn as peer_rnn
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, actor_critic_agent, make_programs
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.config import OptimConfig, make_optimizer
 from podracer.networks import make_network
-from podracer.ppo import PPOConfig
+from podracer.ppo import PPOConfig, make_agent
 from podracer.protocol import parallel
 
 NUM_ENVS, ROLLOUT, TOTAL = 4, 128, 500_000
@@ -50,7 +51,7 @@ def podracer_train(network_kind: str):
                            network=network_kind)
     config = AnakinConfig(num_envs=NUM_ENVS, rollout_len=ROLLOUT, updates_per_call=UPDATES_PER_CALL)
     optimizer = make_optimizer(OptimConfig(lr=2.5e-4), NUM_UPDATES * 16)
-    agent_for = actor_critic_agent(network, optimizer, PPOConfig(), env.spec, ROLLOUT)
+    agent_for = fixed_agent(make_agent, network, optimizer, PPOConfig(), env.spec, ROLLOUT)
     programs = make_programs(env, agent_for, config, parallel.make_mesh(jax.devices()[:1]))
     runner = programs.init(jax.random.PRNGKey(7))
     start = time.perf_counter()

@@ -32,7 +32,7 @@ import numpy as np
 
 from envs import brax_trainer
 from podracer import sac
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.config import OptimConfig, make_optimizer
 from podracer.protocol import parallel

@@ -133,3 +133,16 @@ class Agent(NamedTuple):
     """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
     for the check is run without it (mctx's search loops start from constants and carry per-device
     data); a test then proves one device and several train alike."""
+
+
+AgentFor = Callable[[dict, tuple], Agent]
+"""`agent_for(swept settings, axis names) -> Agent`: how an architecture builds a population member's agent."""
+
+
+def fixed_agent(make_agent: Callable, *args, **kwargs) -> AgentFor:
+    """`agent_for` of an agent whose settings nothing sweeps: `make_agent(*args, axis_names, **kwargs)`.
+
+    For your own loop: `make_programs(env, fixed_agent(ppo.make_agent, network,
+    optimizer, PPOConfig(), env.spec, rollout_len), config, mesh)`.
+    """
+    return lambda _hparams, axis_names: make_agent(*args, axis_names, **kwargs)

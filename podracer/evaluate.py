@@ -16,7 +16,7 @@ from podracer.errors import PodracerError
 
 def gymnax_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) -> np.ndarray:
     """Undiscounted return of the first episode of `episodes` parallel gymnax envs."""
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     env = make_env(env_id)
     horizon = env.horizon

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 from podracer.session.logger import read_rows
 
 

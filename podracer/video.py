@@ -37,7 +37,7 @@ def check_path(path: str) -> None:
         import imageio  # noqa: F401
     except ImportError:
         raise PodracerError("--video needs imageio: pip install -e \".[video]\"") from None
-    from podracer.session.storage import probe_creatable
+    from podracer.storage import probe_creatable
 
     probe_creatable(path, "--video")  # before the policy is loaded and its episodes played
 
@@ -117,7 +117,7 @@ def write(path: str, frames: list[np.ndarray], fps: int = 30) -> None:
 def anakin_video(act: Callable, env_id: str, episodes: int, seed: int, path: str) -> dict:
     """Play `episodes` episodes one after another, drawing each state; returns their lengths,
     returns and the number of frames written."""
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     check_path(path)
     env = make_env(env_id)

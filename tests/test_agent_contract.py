@@ -8,7 +8,7 @@ import numpy as np
 import optax
 
 from podracer.agent import Agent, Rollout
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.networks import init_params, make_network
 from podracer.protocol import parallel

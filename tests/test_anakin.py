@@ -9,8 +9,10 @@ import pytest
 
 from conftest import LAUNCHER, PYTHON
 from podracer.protocol import parallel
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, _pack_rows, make_anakin
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, _pack_rows, make_programs
+from podracer.ppo import make_agent
 from podracer.networks import make_network
 from podracer.ppo import PPOConfig
 
@@ -22,8 +24,8 @@ def _run_anakin(devices, env_id="CartPole-v1", ppo_config=PPOConfig(normalize_ob
     config = AnakinConfig(num_envs=8, rollout_len=16, updates_per_call=3)
     # Plain SGD: Adam divides by the gradient's scale, which turns summation-order
     # rounding in near-zero gradients into visible parameter differences.
-    init, train = make_anakin(env, network, optax.sgd(1e-2), ppo_config, config,
-                              parallel.make_mesh(devices))
+    init, train, _, _ = make_programs(env, fixed_agent(make_agent, network, optax.sgd(1e-2), ppo_config, env.spec,
+                                                      config.rollout_len), config, parallel.make_mesh(devices))
     runner = init(jax.random.PRNGKey(42))
     for _ in range(calls):
         runner, metrics = train(runner)
@@ -53,8 +55,8 @@ def _cartpole_returns(lr, calls=6):
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete)
     config = AnakinConfig(num_envs=32, rollout_len=32, updates_per_call=8)
     optimizer = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(lr))
-    init, train = make_anakin(env, network, optimizer, PPOConfig(), config,
-                              parallel.make_mesh(jax.devices()[:2]))
+    init, train, _, _ = make_programs(env, fixed_agent(make_agent, network, optimizer, PPOConfig(), env.spec,
+                                                      config.rollout_len), config, parallel.make_mesh(jax.devices()[:2]))
     runner = init(jax.random.PRNGKey(42))
     returns = []
     for _ in range(calls):

@@ -338,7 +338,7 @@ def test_a_failed_dataset_upload_keeps_the_local_copy(gcs_emulator, tmp_path):
 
 def test_upload_tree_sends_the_dataset_description_last(tmp_path, monkeypatch):
     """A dataset whose upload is cut short has no dataset_info.json in the bucket: it is not one."""
-    from podracer.session import storage as files
+    from podracer import storage as files
 
     for relative in ("dataset_info.json", "features.json", "a.array_record-00000", "sub/z.json"):
         (tmp_path / relative).parent.mkdir(exist_ok=True)

@@ -15,7 +15,7 @@ from tensorflow_datasets.core.sequential_writer import SequentialWriter
 
 from conftest import REPO_ROOT
 from podracer import data
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.data.train_hooks import load_demonstrations
 from podracer.errors import PodracerError
 

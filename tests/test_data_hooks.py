@@ -11,7 +11,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from podracer import data, es, ppo
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.bc import BCConfig
 from podracer.config import NetworkConfig
 from podracer.data.train_hooks import (behaviour_clone, load_demonstrations, record_policy,

@@ -7,7 +7,7 @@ import optax
 from gymnax.environments.classic_control.cartpole import EnvState as CartPoleState
 
 from podracer import data, ppo
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.networks import make_network
 
 MAX_STEPS = 25

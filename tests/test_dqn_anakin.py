@@ -12,7 +12,7 @@ import pytest
 
 from conftest import LAUNCHER, PYTHON, wait_for
 from podracer import dqn
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.protocol import parallel
 from podracer.session.checkpoint import checkpoint_steps, restore_on_host

@@ -12,7 +12,7 @@ import pytest
 from conftest import LAUNCHER, PYTHON
 from podracer import es
 from podracer.protocol import parallel
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.es import (_make_parts, make_anakin_es, make_episode_fn, make_fitness_fn,
                                  make_pair_episode_fn, make_pair_fitness_fn)
 from podracer.errors import PodracerError

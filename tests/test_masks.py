@@ -62,7 +62,7 @@ def test_masked_loss_gives_illegal_logits_no_gradient():
 
 def test_snake_rollout_takes_only_legal_actions():
     pytest.importorskip("jumanji")
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     env = make_env("jumanji:Snake-v1")
     network = make_network(env.spec.obs_shape, env.spec.action_dim, True, action_mask=env.spec.action_mask)

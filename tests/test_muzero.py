@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from podracer import muzero
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.envs.spec import EnvSpec
 from podracer.muzero.targets import support_limit, support_needed

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from podracer import pqn
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.config import NetworkConfig
 from podracer.orchestrate.parse import parse_configs

@@ -18,8 +18,10 @@ import optax
 import pytest
 
 from conftest import LAUNCHER, PYTHON
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, make_anakin, make_anakin_phases
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.ppo import make_agent
 from podracer.networks import initial_carry, make_network
 from podracer.ppo import PPOConfig, make_update
 from podracer.ppo.update import episode_starts
@@ -38,8 +40,8 @@ def _anakin(network_kind, env_id="CartPole-v1", num_envs=16, rollout_len=32, hid
 def test_rollout_resets_the_state_where_episodes_end_and_the_update_replays_it():
     env, network, config, ppo_config, optimizer = _anakin("lstm")
     mesh = parallel.make_mesh(jax.devices()[:1])
-    init, _ = make_anakin(env, network, optimizer, ppo_config, config, mesh)
-    act, _ = make_anakin_phases(env, network, optimizer, ppo_config, config, mesh)
+    init, _, act, _ = make_programs(env, fixed_agent(make_agent, network, optimizer, ppo_config, env.spec,
+                                                     config.rollout_len), config, mesh)
     runner = init(jax.random.PRNGKey(3))
     # A policy far from uniform (its head initialised 100x larger), so that its state shows in its actions.
     params = jax.tree_util.tree_map_with_path(
@@ -87,7 +89,8 @@ def test_one_device_matches_eight_with_an_lstm():
     env, network, config, ppo_config, optimizer = _anakin("lstm", num_envs=16, rollout_len=16)
     runs = []
     for devices in (jax.devices()[:1], jax.devices()):
-        init, train = make_anakin(env, network, optimizer, ppo_config, config, parallel.make_mesh(devices))
+        init, train, _, _ = make_programs(env, fixed_agent(make_agent, network, optimizer, ppo_config, env.spec,
+                                                          config.rollout_len), config, parallel.make_mesh(devices))
         runner = init(jax.random.PRNGKey(42))
         for _ in range(2):
             runner, metrics = train(runner)
@@ -110,8 +113,8 @@ def _memory_chain_returns(kind, calls=4):
     env, network, config, ppo_config, optimizer = _anakin(
         kind, "MemoryChain-bsuite", num_envs=64, rollout_len=24, updates_per_call=5,
         optimizer=optax.chain(optax.clip_by_global_norm(0.5), optax.adam(3e-3)))
-    init, train = make_anakin(env, network, optimizer, ppo_config, config,
-                              parallel.make_mesh(jax.devices()[:1]))
+    init, train, _, _ = make_programs(env, fixed_agent(make_agent, network, optimizer, ppo_config, env.spec,
+                                                      config.rollout_len), config, parallel.make_mesh(jax.devices()[:1]))
     runner, returns = init(jax.random.PRNGKey(0)), []
     for _ in range(calls):
         runner, metrics = train(runner)

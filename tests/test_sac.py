@@ -11,7 +11,7 @@ from jax.scipy.stats import norm
 
 from podracer import sac
 from podracer.agent import Trajectory
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.distributions import TanhGaussian
 from podracer.protocol import parallel

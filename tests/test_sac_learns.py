@@ -14,7 +14,7 @@ import pytest
 
 from conftest import LAUNCHER, PYTHON
 from podracer import sac
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.policy import load_policy
 from podracer.session.checkpoint import checkpoint_steps, restore_on_host
 

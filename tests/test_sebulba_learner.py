@@ -6,11 +6,12 @@ import numpy as np
 import optax
 import pytest
 
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, Experience, make_anakin_phases
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, Experience, make_programs
 from podracer.protocol import parallel
 from podracer.networks import init_params, make_network
-from podracer.ppo import PPOConfig, Transition, init_train_state, make_update
+from podracer.ppo import PPOConfig, Transition, init_train_state, make_agent, make_update
 from podracer.sebulba.learner import make_learner_step
 
 
@@ -53,13 +54,13 @@ def test_sebulba_learner_matches_anakin_and_single_device_updates(learner):
     batch, bootstrap = _batch()
     key = jax.random.PRNGKey(7)
 
-    # Anakin's own learning program over every device: the update step of `make_anakin`'s
+    # Anakin's own learning program over every device: the update step of `make_programs`'
     # fused program, compiled on its own as profile mode runs it (test_profile shows the
     # two give the same run).
     num_steps, num_envs = batch.reward.shape
-    _, anakin_learn = make_anakin_phases(
-        make_env("CartPole-v1"), network, optimizer, config,
-        AnakinConfig(num_envs=num_envs, rollout_len=num_steps), parallel.make_mesh())
+    env = make_env("CartPole-v1")
+    anakin_learn = make_programs(env, fixed_agent(make_agent, network, optimizer, config, env.spec, num_steps),
+                                 AnakinConfig(num_envs=num_envs, rollout_len=num_steps), parallel.make_mesh()).learn
     episodes = {"episodes": np.int32(5), "episode_return_sum": np.float32(60.0),
                 "episode_length_sum": np.int32(60)}
     anakin_state, anakin_metrics = anakin_learn(state, Experience(batch, bootstrap, key, episodes))

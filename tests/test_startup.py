@@ -149,7 +149,7 @@ def test_a_default_anakin_run_imports_no_module_it_does_not_use(tmp_path):
 
 def test_gymnax_renders_with_its_plotting_libraries_loaded_on_first_use():
     code = ("import sys, jax, matplotlib; matplotlib.use('Agg'); "
-            "from podracer.anakin.env import make_env; env = make_env('Catch-bsuite'); "
+            "from podracer.envs.jax_envs import make_env; env = make_env('Catch-bsuite'); "
             "loaded = 'pandas' in sys.modules or 'matplotlib.figure' in sys.modules; "
             "_, state = env.env.reset(jax.random.PRNGKey(0), env.params); "
             "env.env.render(state, env.params); "
@@ -164,7 +164,7 @@ def test_gymnax_renders_with_its_plotting_libraries_loaded_on_first_use():
 def test_a_resumed_run_reads_its_checkpoint_config_and_makes_its_environment_once(tmp_path, monkeypatch):
     """The command line's checks before anything is built are not made again by the run."""
     import podracer
-    from podracer.anakin import env as anakin_env
+    from podracer.envs import jax_envs as anakin_env
     from podracer.session import checkpoint
 
     run = dict(num_envs=8, rollout_len=16, updates_per_call=2, checkpoint_every=0,

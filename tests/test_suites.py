@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 
 STEPS = 60
 # Each comparison is one program that runs once: without LLVM's optimisation it
@@ -136,7 +136,7 @@ def test_navix_matches_navix_step():
 
 def _countdown_env(costly_reset):
     """A toy suite whose episodes last 1-3 steps, so many end on the same step."""
-    from podracer.anakin.suites.base import SuiteEnv, discrete_spec
+    from podracer.envs.suites.base import SuiteEnv, discrete_spec
 
     def reset_fn(key):
         left = jax.random.randint(key, (), 1, 4)

@@ -25,8 +25,10 @@ import jax
 import numpy as np
 import pytest
 
-from podracer.anakin.env import make_env
-from podracer.anakin.loop import AnakinConfig, make_anakin
+from podracer.envs.jax_envs import make_env
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.ppo import make_agent
 from podracer.config import OptimConfig, make_optimizer
 from podracer.networks import make_network
 from podracer.ppo import PPOConfig
@@ -42,8 +44,8 @@ def _returns(env_id, calls, num_envs, rollout_len=32, updates_per_call=8, lr=1e-
     config = AnakinConfig(num_envs=num_envs, rollout_len=rollout_len, updates_per_call=updates_per_call)
     optimizer = make_optimizer(OptimConfig(lr=lr),
                                calls * updates_per_call * ppo_config.epochs * ppo_config.minibatches)
-    init, train = make_anakin(env, network, optimizer, ppo_config, config,
-                              parallel.make_mesh(jax.devices()[:1]))
+    init, train, _, _ = make_programs(env, fixed_agent(make_agent, network, optimizer, ppo_config, env.spec,
+                                                      config.rollout_len), config, parallel.make_mesh(jax.devices()[:1]))
     runner, returns = init(jax.random.PRNGKey(0)), []
     for _ in range(calls):
         runner, metrics = train(runner)

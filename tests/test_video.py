@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON
-from podracer.anakin.env import make_env
+from podracer.envs.jax_envs import make_env
 from podracer.anakin.train import train_ppo
 from podracer.command import main
 from podracer.orchestrate.cli import parse_configs

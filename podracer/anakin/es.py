@@ -28,7 +28,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer import es
 from podracer.protocol import parallel
-from podracer.anakin.env import GymnaxEnv
+from podracer.envs.jax_envs import GymnaxEnv
 from podracer.errors import PodracerError
 from podracer.es.config import ESConfig, make_strategy
 from podracer.networks import apply_antithetic
@@ -276,7 +276,7 @@ def _make_parts(env: GymnaxEnv, policy: nn.Module, config: ESConfig, mesh: Mesh,
 
 def _check_vma(env) -> bool:
     """Whether shard_map may check the replication of `env`'s step (not a suite's: see
-    `podracer.anakin.suites.base.SuiteEnv.check_vma`)."""
+    `podracer.envs.suites.base.SuiteEnv.check_vma`)."""
     return getattr(env, "check_vma", True)
 
 

@@ -16,18 +16,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.agent import Agent, Trajectory
+from podracer.agent import Agent, AgentFor, Trajectory
 from podracer.protocol import parallel
-from podracer.anakin.env import EnvState, GymnaxEnv, TimeStep
+from podracer.envs.jax_envs import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
-from podracer.networks import is_recurrent, reset_carry
-from podracer.ppo import PPOConfig, Transition
-from podracer.ppo import make_agent as ppo_make_agent
-from podracer.ppo import make_update as ppo_make_update
+from podracer.networks import reset_carry
 from podracer import pbt as pbt_lib
 from podracer.pbt import PBTConfig
 
@@ -209,7 +205,6 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
     return Steps(init, act, learn)
 
 
-AgentFor = Callable[[dict, tuple], Agent]  # (swept settings, axis names) -> the agent with those settings
 
 _RUNNER_SPECS = RunnerState(train=P(), env_state=P(parallel.DATA_AXIS), obs=P(parallel.DATA_AXIS),
                             key=P(), carry=P(parallel.DATA_AXIS), hparams=P(), pbt=P())
@@ -320,56 +315,3 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
         act=sharded_jit(act, (runner_specs,), (runner_specs, experience_specs), compiler_options=options),
         learn=sharded_jit(learn, (runner_specs.train, experience_specs), (runner_specs.train, metric_specs),
                           compiler_options=options))
-
-
-def actor_critic_agent(network, optimizer: optax.GradientTransformation, ppo_config, spec, rollout_len: int,
-                       make_update: Callable = ppo_make_update) -> AgentFor:
-    """`agent_for` of an actor-critic with a fixed config: PPO's, or IMPALA's with its `make_update`."""
-    return lambda _hparams, axes: ppo_make_agent(network, optimizer, ppo_config, spec, rollout_len, axes,
-                                                 make_update)
-
-
-def make_anakin(
-    env: GymnaxEnv,
-    network,
-    optimizer: optax.GradientTransformation,
-    ppo_config: PPOConfig,
-    config: AnakinConfig,
-    mesh: Mesh,
-    make_update: Callable = ppo_make_update,
-) -> tuple[Callable[[jax.Array], RunnerState], Callable[[RunnerState], tuple[RunnerState, Any]]]:
-    """The jitted, sharded `init(key) -> runner` and `train(runner) -> (runner, metrics)` of an actor-critic.
-
-    `train` runs `config.updates_per_call` updates and donates its input; the
-    update is `make_update`'s (PPO's by default, IMPALA's with an `ImpalaConfig`). Its
-    metrics are stacked over those updates: the losses plus `episodes`,
-    `episode_return_sum` and `episode_length_sum` of episodes that ended.
-    """
-    programs = _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update)
-    return programs.init, programs.train
-
-
-def make_anakin_phases(
-    env: GymnaxEnv,
-    network,
-    optimizer: optax.GradientTransformation,
-    ppo_config: PPOConfig,
-    config: AnakinConfig,
-    mesh: Mesh,
-    make_update: Callable = ppo_make_update,
-) -> tuple[Callable, Callable]:
-    """`make_anakin`'s update as two jitted, sharded programs, for profile mode to time apart.
-
-    `act(runner) -> (runner, experience)` steps the environments for one
-    rollout; `learn(train, experience) -> (train, metrics)` is the update.
-    Together they compute what one step of `make_anakin`'s `train` computes,
-    with one host round trip in between instead of none.
-    """
-    programs = _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update)
-    return programs.act, programs.learn
-
-
-def _actor_critic_programs(env, network, optimizer, ppo_config, config, mesh, make_update) -> Programs:
-    make_layout(config, ppo_config, mesh.devices.size, is_recurrent(network))
-    agent_for = actor_critic_agent(network, optimizer, ppo_config, env.spec, config.rollout_len, make_update)
-    return make_programs(env, agent_for, config, mesh)

@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 import flax.linen as nn
 
-from podracer.anakin.env import GymnaxEnv
+from podracer.envs.jax_envs import GymnaxEnv
 from podracer.anakin.es import ESPhases, ESRunner, _make_step, make_anakin_es_phases
 from podracer.normalize import RunningStats
 from podracer import population

@@ -31,7 +31,7 @@ import numpy as np
 from podracer.data.episodes import EpisodeBatch, pad_episodes, windows
 from podracer.data.spec import RLDS_MANDATORY, STEPS, import_tfds
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 # Per-step fields a caller needs, with the per-step shape each must have (None: any).
 Requirements = Mapping[str, "tuple[int, ...] | None"]

@@ -47,7 +47,7 @@ from podracer.errors import PodracerError
 from podracer.normalize import init_running_stats, update_stats
 from podracer.policy import env_spec_of
 from podracer.ppo import PPOConfig, init_train_state
-from podracer.session import storage
+from podracer import storage
 from podracer.session.session import DatasetHooks
 from podracer.types import TrainState
 from podracer.version import __version__
@@ -183,7 +183,7 @@ def record_policy(data: DataConfig, arch: str, env_id: str, policy: Policy, seed
 def _record_gymnax(writer: DatasetWriter, env_id: str, policy: Policy, num_episodes: int,
                    key: jax.Array) -> list[float]:
     """`num_episodes` episodes in jitted chunks of `make_recorder`; returns their returns."""
-    from podracer.anakin.env import make_env
+    from podracer.envs.jax_envs import make_env
 
     params = parallel.to_host(policy.params)
     chunk = min(num_episodes, RECORD_CHUNK)

@@ -38,7 +38,7 @@ from podracer.data.spec import (ACTION, DISCOUNT, EPISODE_METADATA, IS_FIRST, IS
                                 OBSERVATION, RLDS_STEP_FIELDS, REWARD, STEPS, FieldSpec, import_tfds,
                                 tfds_features)
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 DEFAULT_NAME = "podracer_episodes"
 FILE_FORMAT = "array_record"

@@ -1,7 +1,7 @@
 """Which library runs an environment id, so that each architecture can refuse the other's by name.
 
 Anakin runs gymnax ids as they are and JAX suites as `SUITE:ID`
-(`podracer.anakin.suites`); Sebulba runs envpool ids and Gymnasium vector
+(`podracer.envs.suites`); Sebulba runs envpool ids and Gymnasium vector
 environments (`podracer.sebulba.envs`).
 """
 

@@ -1,6 +1,6 @@
 """What both architectures know of an environment: its spaces.
 
-Anakin's JAX environments (`podracer.anakin.env`) and Sebulba's envpool and
+Anakin's JAX environments (`podracer.envs.jax_envs`) and Sebulba's envpool and
 Gymnasium ones (`podracer.sebulba.envs`) each describe theirs as an
 `EnvSpec`, from which networks, datasets and checks are made alike.
 """

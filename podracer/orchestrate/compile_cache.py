@@ -30,7 +30,7 @@ import posixpath
 from typing import Mapping
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 ENV_VAR = "PODRACER_COMPILE_CACHE"
 JAX_ENV_VAR = "JAX_COMPILATION_CACHE_DIR"

@@ -33,7 +33,7 @@ from podracer.provision.report import (
 from podracer.provision.slices import multislice, slice_shape
 from podracer.provision.spec import Command, SliceSpec
 from podracer.provision.startup import make_startup_script, worker_config
-from podracer.session import storage
+from podracer import storage
 
 
 def execute(command: Command, say: Say) -> int:
@@ -175,7 +175,7 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
 def _env_id(training_flags) -> str:
     from podracer.orchestrate.parse import parse
 
-    return parse(list(training_flags)).configs["run"].env
+    return parse(list(training_flags)).configs.run.env
 
 
 def _slice_address(spec: SliceSpec, command: Command) -> dict:

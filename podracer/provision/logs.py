@@ -13,7 +13,7 @@ import time
 from typing import Callable
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 Say = Callable[[str], None]
 LOGS_FOLDER = "logs"

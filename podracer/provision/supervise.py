@@ -35,7 +35,7 @@ from podracer.provision.lifecycle import (RunFailed, Say, SliceLost, create_slic
 from podracer.provision.report import (describe_node, describe_summary, down_command,
                                        logs_command, where_to_look)
 from podracer.provision.spec import SliceSpec
-from podracer.session import storage
+from podracer import storage
 
 LAUNCH_RECORD = "launch.json"
 

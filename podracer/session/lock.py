@@ -29,7 +29,7 @@ import time
 from typing import NamedTuple
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 LOCK_NAME = "run.lock"
 LEASE_S = 60.0

@@ -5,7 +5,7 @@ Without `--run-dir` a run gets a new directory named for what it is and when
 newest. A directory that holds a checkpoint resumes from it; one whose latest
 checkpoint already covers `--total-steps` is finished and is left as it is.
 
-`--run-dir` may also be `gs://bucket/path` (see `podracer.session.storage`):
+`--run-dir` may also be `gs://bucket/path` (see `podracer.storage`):
 resuming and the finished check work the same there; the new directory per
 run and `runs/latest` are local conveniences, since a bucket's run directory
 is always named.
@@ -22,7 +22,7 @@ import time
 from typing import Iterator, NamedTuple
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 RUNS_ROOT = "runs"
 LATEST = "latest"

@@ -15,7 +15,7 @@ import threading
 from typing import BinaryIO
 
 from podracer.errors import PodracerError
-from podracer.session import storage
+from podracer import storage
 
 # Events queued for tensorboardX's writer thread; a put blocks beyond them.
 EVENT_QUEUE = 1000

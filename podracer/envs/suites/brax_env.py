@@ -13,7 +13,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from podracer.anakin.suites.base import SuiteEnv, box_spec
+from podracer.envs.suites.base import SuiteEnv, box_spec
 from podracer.errors import PodracerError
 
 EPISODE_LENGTH = 1000

@@ -6,7 +6,7 @@ An adapter gives three pure functions of the library's own environment,
     step_fn(key, inner, action) -> (inner, raw_obs, reward, terminated, truncated)
     obs_fn(raw_obs) -> obs array          # flattens dicts, puts the action mask last
 
-and `SuiteEnv` turns them into the Anakin protocol of `podracer.anakin.env`:
+and `SuiteEnv` turns them into the Anakin protocol of `podracer.envs.jax_envs`:
 the reset an episode's end needs is drawn ahead (`draw`), the step selects it
 where the episode ended, and `final_obs` keeps the last observation of the old
 episode. A `time_limit` (for libraries whose environments never end on their
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from podracer.anakin.env import EnvState, StepDraws, TimeStep, _strongly_typed
+from podracer.envs.jax_envs import EnvState, StepDraws, TimeStep, _strongly_typed
 from podracer.envs.spec import EnvSpec
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from podracer.anakin.suites.base import SuiteEnv, discrete_spec, flatten_obs, with_mask
+from podracer.envs.suites.base import SuiteEnv, discrete_spec, flatten_obs, with_mask
 from podracer.errors import PodracerError
 
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import jax.numpy as jnp
 
-from podracer.anakin.suites.base import SuiteEnv, discrete_spec
+from podracer.envs.suites.base import SuiteEnv, discrete_spec
 from podracer.errors import PodracerError
 
 IDS = ("Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1", "Craftax-Symbolic-v1",

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import jax.numpy as jnp
 
-from podracer.anakin.suites.base import SuiteEnv, discrete_spec
+from podracer.envs.suites.base import SuiteEnv, discrete_spec
 from podracer.errors import PodracerError
 
 

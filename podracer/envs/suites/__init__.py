@@ -2,9 +2,9 @@
 
 Each suite is an optional extra (`pip install -e ".[brax]"`); naming a suite
 whose library is missing is a one-line error that says which extra to install.
-Every adapter follows the Anakin protocol of `podracer.anakin.env` (auto-reset,
+Every adapter follows the Anakin protocol of `podracer.envs.jax_envs` (auto-reset,
 termination and truncation apart, episode statistics) through
-`podracer.anakin.suites.base.SuiteEnv`.
+`podracer.envs.suites.base.SuiteEnv`.
 """
 
 from __future__ import annotations
@@ -29,5 +29,5 @@ def make_suite_env(env_id: str):
     except ImportError:
         raise PodracerError(f"--env={env_id} needs {suite.library}: pip install -e \".[{suite.extra}]\" "
                             f"(or pip install 'podracer-rl[{suite.extra}]')") from None
-    module = importlib.import_module(f"podracer.anakin.suites.{suite.module}")
+    module = importlib.import_module(f"podracer.envs.suites.{suite.module}")
     return module.make(env_id, name)

@@ -198,13 +198,13 @@ class GymnaxEnv:
 @functools.lru_cache(maxsize=None)
 def make_env(env_id: str) -> GymnaxEnv:
     """The Anakin environment for `env_id`: a gymnax id (CartPole-v1, Pendulum-v1) or
-    `SUITE:ID` of a JAX suite (`podracer.anakin.suites`: brax, jumanji, craftax, navix).
+    `SUITE:ID` of a JAX suite (`podracer.envs.suites`: brax, jumanji, craftax, navix).
 
     Made once per id and process: an environment holds no state of its own, and
     the command line's check of `--env` and the run then share it.
     """
     if is_suite_id(env_id):
-        from podracer.anakin.suites import make_suite_env
+        from podracer.envs.suites import make_suite_env
 
         return make_suite_env(env_id)
     if env_id.startswith(("gymnasium:", "py:")):
