@@ -54,7 +54,7 @@ REFERENCE = [f"--num-envs={NUM_ENVS}", f"--rollout-len={ROLLOUT}", "--epochs=4",
              f"--updates-per-call={UPDATES_PER_CALL}"]
 
 
-def reference_configs(num_seeds: int, extra=()) -> dict:
+def reference_configs(num_seeds: int, extra=()):
     return parse(REFERENCE + ([f"--num-seeds={num_seeds}"] if num_seeds > 1 else []) + list(extra)).configs
 
 

@@ -10,8 +10,9 @@ preset, in this one process:
   stepped with random actions and no policy.
 - inference ceiling: the actors' compiled work alone, one Python thread per
   actor thread: the agent's `act` step on batches of the same shape
-  (observations in, its packed output out, both copies included), and once
-  per trajectory its `prepare` (PPO's and IMPALA's behaviour values).
+  (observations in, its packed output out, both copies included, its
+  randomness drawn ahead as the actors draw it), and once per trajectory its
+  `prepare` (PPO's and IMPALA's behaviour values).
 - learner ceiling: the compiled learner step alone, on a fixed batch of the same
   shape on the same learner devices.
 - efficiency = sps / min(env ceiling, learner ceiling): the bound where actors
@@ -48,7 +49,7 @@ import common  # noqa: F401  (puts the repository on sys.path)
 RUN_STEPS = {"CartPole-v1": 2_000_000, "Pong-v5": 24 * 128 * 6}
 
 
-def configs_for(env_id: str, algo: str, total_steps: int | None, overrides: list[str]) -> dict:
+def configs_for(env_id: str, algo: str, total_steps: int | None, overrides: list[str]):
     from podracer.orchestrate.cli import parse_configs
 
     steps = total_steps or RUN_STEPS.get(env_id, 200_000)
@@ -56,25 +57,25 @@ def configs_for(env_id: str, algo: str, total_steps: int | None, overrides: list
                           *overrides])
 
 
-def _layout(configs: dict):
+def _layout(configs):
     import jax
 
     from podracer.algorithms import algorithm
     from podracer.sebulba.config import make_layout, split_devices
 
-    sebulba = configs["sebulba"]
+    sebulba = configs.sebulba
     split = split_devices(sebulba, jax.local_devices())
     return make_layout(sebulba, algorithm(configs)[1], split), split
 
 
-def env_ceiling(configs: dict, seconds: float) -> float:
+def env_ceiling(configs, seconds: float) -> float:
     """Random-action envpool steps/s with the actors' batches, one Python thread per actor thread."""
     import envpool
     import numpy as np
 
     from podracer.sebulba.envs import is_atari
 
-    run, sebulba = configs["run"], configs["sebulba"]
+    run, sebulba = configs.run, configs.sebulba
     layout, _ = _layout(configs)
     options = dict(episodic_life=True, reward_clip=True) if is_atari(run.env) else {}
     counts = [0] * layout.num_actor_threads
@@ -119,7 +120,7 @@ def _threads_rate(work, num_threads: int, counts: list, stop: threading.Event, s
     return steps / elapsed
 
 
-def _agent(configs: dict):
+def _agent(configs):
     """The run's agent on its network, with fresh state: (spec, agent, acting state)."""
     import jax
     import optax
@@ -128,9 +129,9 @@ def _agent(configs: dict):
     from podracer.sebulba.envs import env_spec
 
     algo, algo_config = algorithm(configs)
-    spec = env_spec(configs["run"].env)
-    network = algo.make_network(spec, configs["network"])
-    agent = algo.make_agent(network, optax.sgd(0.0), algo_config, spec, configs["sebulba"].rollout_len)
+    spec = env_spec(configs.run.env)
+    network = algo.make_network(spec, configs.network)
+    agent = algo.make_agent(network, optax.sgd(0.0), algo_config, spec, configs.sebulba.rollout_len)
     return spec, agent, agent.acting_state(agent.init(jax.random.PRNGKey(0)))
 
 
@@ -161,7 +162,7 @@ def _trajectory(agent, acting_state, spec, num_steps: int, num_envs: int, rng):
                       obs, extras, carry, obs[-1], jax.tree.map(lambda x: x[-1], carry))
 
 
-def inference_ceiling(configs: dict, seconds: float) -> float:
+def inference_ceiling(configs, seconds: float) -> float:
     """Acting steps/s alone: the actors' compiled act step on observations of their batch's shape,
     and their `prepare` once per trajectory.
 
@@ -171,9 +172,9 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
     import jax
     import numpy as np
 
-    from podracer.sebulba.actor import make_acting
+    from podracer.sebulba.actor import Draws, make_acting
 
-    sebulba = configs["sebulba"]
+    sebulba = configs.sebulba
     layout, split = _layout(configs)
     spec, agent, acting_state = _agent(configs)
     acting = make_acting(agent, acting_state, spec)
@@ -188,11 +189,12 @@ def inference_ceiling(configs: dict, seconds: float) -> float:
     def act(index: int) -> None:
         device = split.actor[index // sebulba.actor_threads]
         on_device = jax.device_put(acting_state, device)
-        key = jax.device_put(jax.random.PRNGKey(index), device)
+        draws = Draws(acting, jax.device_put(jax.random.PRNGKey(index), device), sebulba.rollout_len,
+                      layout.env_batch)
         jax.block_until_ready(acting.prepare(on_device, trajectory))  # compiled before the count starts
         while not stop.is_set():
             for _ in range(calls_per_trajectory):
-                key, packed = acting.step(on_device, jax.device_put(obs, device), key, carry)
+                packed = acting.step(on_device, jax.device_put(obs, device), draws.next(), carry)
                 acting.unpack(np.asarray(packed))
                 counts[index] += layout.env_batch
             jax.block_until_ready(acting.prepare(on_device, trajectory))
@@ -205,7 +207,7 @@ def serial_bound(*ceilings: float) -> float:
     return 1.0 / sum(1.0 / c for c in ceilings)
 
 
-def learner_ceiling(configs: dict, seconds: float) -> float:
+def learner_ceiling(configs, seconds: float) -> float:
     """Learner steps/s alone: the compiled learner step on a fixed, prepared batch of the run's shape."""
     import jax
     import numpy as np
@@ -218,7 +220,7 @@ def learner_ceiling(configs: dict, seconds: float) -> float:
     acting_state = agent.acting_state(parallel.local_replica(setup.state))
     # A fresh agent's own actions and behaviour values: the update's numerics, hence
     # its speed, match a real batch.
-    trajectory = _trajectory(agent, acting_state, setup.spec, configs["sebulba"].rollout_len, envs,
+    trajectory = _trajectory(agent, acting_state, setup.spec, configs.sebulba.rollout_len, envs,
                              np.random.default_rng(0))
     batch, bootstrap = jax.jit(agent.prepare)(acting_state, trajectory)
     batch = parallel.from_host(batch, parallel.time_major_sharded(setup.mesh))
@@ -236,15 +238,15 @@ def learner_ceiling(configs: dict, seconds: float) -> float:
     return updates * setup.layout.steps_per_update / (time.perf_counter() - start)
 
 
-def sebulba_run(configs: dict) -> dict:
+def sebulba_run(configs) -> dict:
     """Train; steady-state steps/s from metrics.jsonl, skipping the first quarter of the run."""
     import dataclasses
 
     from podracer.sebulba.train import train_agent
 
     with tempfile.TemporaryDirectory() as run_dir:
-        run = dataclasses.replace(configs["run"], run_dir=run_dir)
-        summary, _ = train_agent({**configs, "run": run})
+        run = dataclasses.replace(configs.run, run_dir=run_dir)
+        summary, _ = train_agent(configs.replace(run=run))
         rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     first, last = rows[len(rows) // 4], rows[-1]
     if last["wall_s"] > first["wall_s"]:
@@ -256,7 +258,7 @@ def sebulba_run(configs: dict) -> dict:
             "first_return": returns[0] if returns else None, "last_return": returns[-1] if returns else None}
 
 
-def measure(configs: dict, args) -> dict:
+def measure(configs, args) -> dict:
     """One (environment, algorithm) row: the ceilings and a run, `args.repeats` times; the median repeat."""
     env_sps, inference_sps, learner_sps, runs = [], [], [], []
     for _ in range(args.repeats):
@@ -271,7 +273,7 @@ def measure(configs: dict, args) -> dict:
     serial = [run["sps"] / bound for run, bound in zip(runs, bounds)]
     median = sorted(range(len(runs)), key=lambda i: serial[i])[len(runs) // 2]
     chosen, summary = runs[median], runs[median]["summary"]
-    run, sebulba = configs["run"], configs["sebulba"]
+    run, sebulba = configs.run, configs.sebulba
     return {
         "bench": "sebulba_ppo", "env": run.env, "algo": run.algo, "sps": chosen["sps"],
         "run_sps": chosen["run_sps"], "env_ceiling_sps": env_sps[median],

@@ -11,7 +11,7 @@ drivers (`podracer.anakin.train_es`, `podracer.sebulba.train_es`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,9 @@ from podracer.networks import is_recurrent, make_network
 from podracer.normalize import RunningStats
 from podracer.muzero import policy as muzero_policy
 from podracer.ppo.config import PPO_FIX
+
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
 
 
 class Algorithm(NamedTuple):
@@ -134,7 +137,7 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
-def algorithm(configs: dict[str, Any]) -> tuple[Algorithm, Any]:
+def algorithm(configs: RunSpec) -> tuple[Algorithm, Any]:
     """The run's algorithm and its config section."""
-    algo = configs["run"].algo
-    return ALGORITHMS[algo], configs[algo]
+    algo = configs.run.algo
+    return ALGORITHMS[algo], configs.agent

@@ -10,7 +10,6 @@ never written back into a config.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import optax
 
@@ -52,14 +51,6 @@ IGNORES: dict[tuple[str, str], dict[str, str]] = {
         "generations_per_call": "actors and learner meet every generation",
         "horizon": "envpool ends episodes at its own time limit", **_ES_DATA},
 }
-
-
-def used_configs(configs: dict[str, Any]) -> dict[str, Any]:
-    """The sections of `configs` that its (arch, algo) pair reads, in their order."""
-    run = configs["run"]
-    return {name: cfg for name, cfg in configs.items() if name in USES[(run.arch, run.algo)]
-            # A run of one agent (the default) records no population section, as before populations.
-            and not (name == "population" and not (cfg.num_seeds > 1 or cfg.sweep))}
 
 
 @dataclasses.dataclass(frozen=True)

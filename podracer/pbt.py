@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,10 @@ from podracer import population
 from podracer.bounds import bound_of
 from podracer.protocol import parallel
 from podracer.sampling import Space
+
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
+
 
 NO_DONOR = -1
 
@@ -170,15 +174,15 @@ def after_call(config: PBTConfig, state: PBTState, train: Any, hparams: dict, ep
     return jax.lax.cond(due, rank, keep, (state, train, hparams))
 
 
-def config_of(configs: dict[str, Any]) -> PBTConfig | None:
+def config_of(configs: RunSpec) -> PBTConfig | None:
     """The run's `PBTConfig` (None without `--pbt`): each swept setting's space and legal range."""
-    section = configs.get("population")
-    if section is None or not section.pbt:
+    section = configs.population
+    if not section.pbt:
         return None
     settings = {}
     for name, space in population.parse_sweeps(section.sweep, configs).items():
-        config_section, attr = population.SWEEPABLE[configs["run"].algo][name]
-        field = next(f for f in dataclasses.fields(configs[config_section]) if f.name == attr)
+        config_section, attr = population.SWEEPABLE[configs.run.algo][name]
+        field = next(f for f in dataclasses.fields(configs.section(config_section)) if f.name == attr)
         settings[name] = Setting(space, *legal_range(bound_of(field)))
     return PBTConfig(section.pbt_interval, section.pbt_fraction, section.pbt_perturb, section.pbt_resample,
                      settings)

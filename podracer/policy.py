@@ -52,10 +52,10 @@ def _tuples(section: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()}
 
 
-def _network_config(configs: dict[str, Any]):
+def _network_config(record: dict[str, Any]):
     from podracer.config import NetworkConfig
 
-    return NetworkConfig(**_tuples(configs["network"]))
+    return NetworkConfig(**_tuples(record["network"]))
 
 
 def _stats(saved: dict[str, Any]) -> RunningStats:
@@ -63,11 +63,11 @@ def _stats(saved: dict[str, Any]) -> RunningStats:
     return RunningStats(**{k: jnp.asarray(v) for k, v in saved.items()})
 
 
-def _es_policy(configs: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -> Callable:
+def _es_policy(record: dict[str, Any], spec, mean, obs_stats: dict[str, Any]) -> Callable:
     """The ES search distribution's mean, acting as it was evaluated (deterministically)."""
     from podracer.es.config import ESConfig
 
-    es_act = make_es_act(ESConfig(**configs["es"]), _network_config(configs), spec)
+    es_act = make_es_act(ESConfig(**record["es"]), _network_config(record), spec)
     mean, stats = jnp.asarray(mean), _stats(obs_stats)
 
     def act(obs: jax.Array, key: jax.Array) -> jax.Array:
@@ -92,10 +92,10 @@ def best_agent(run_dir: str) -> int:
     return max(scored, key=lambda s: (s[0], -s[1]))[1]  # ties: the lowest index
 
 
-def select_agent(run_dir: str, configs: dict[str, Any], state: dict[str, Any], agent: int | str | None):
+def select_agent(run_dir: str, record: dict[str, Any], state: dict[str, Any], agent: int | str | None):
     """The state of agent `agent` of a population run (leading axis of every array; "best":
     `best_agent`); a run of one agent's own state. One-line errors for a missing or impossible `agent`."""
-    population = configs.get("population")
+    population = record.get("population")
     if agent == "best":
         agent = best_agent(run_dir) if population else None
     if not population:
@@ -127,16 +127,16 @@ def load_policy(run_dir: str, deterministic: bool = False, agent: int | str | No
     best final score.
     """
     meta, state = read_run(run_dir)
-    configs = meta["config"]
-    state = select_agent(run_dir, configs, state, agent)
-    arch, algo = configs["run"]["arch"], configs["run"]["algo"]
-    spec = env_spec_of(arch, configs["run"]["env"])
+    record = meta["config"]
+    state = select_agent(run_dir, record, state, agent)
+    arch, algo = record["run"]["arch"], record["run"]["algo"]
+    spec = env_spec_of(arch, record["run"]["env"])
     if algo in ALGORITHMS:
         entry = ALGORITHMS[algo]
-        network = entry.make_network(spec, _network_config(configs))
-        return entry.load_policy(network, entry.config(**_tuples(configs[algo])), state["train"], deterministic)
+        network = entry.make_network(spec, _network_config(record))
+        return entry.load_policy(network, entry.config(**_tuples(record[algo])), state["train"], deterministic)
     if algo == "es":  # one checkpoint layout for ES on both architectures
-        return _es_policy(configs, spec, state["strategy"]["mean"], state["obs_stats"])
+        return _es_policy(record, spec, state["strategy"]["mean"], state["obs_stats"])
     raise PodracerError(f"{run_dir} was made by --arch={arch} --algo={algo}, which load_policy "
                         f"does not know; evaluate it with the podracer version that trained it")
 

@@ -26,7 +26,7 @@ import dataclasses
 import itertools
 import math
 import typing
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from podracer import sampling
 from podracer.algorithms import ALGORITHMS
 from podracer.bounds import NON_NEGATIVE, POSITIVE, SEED, Bound, bounded, check_bounds
 from podracer.errors import PodracerError
+
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +88,10 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, sampling.Space]:
+def parse_sweeps(sweeps: Sequence[str], configs: RunSpec) -> dict[str, sampling.Space]:
     """`--sweep` spaces by field name (a list, or a distribution: `podracer.sampling`), each value
     checked against its setting's range; one-line errors."""
-    algo = configs["run"].algo
+    algo = configs.run.algo
     allowed = SWEEPABLE.get(algo, {})
     names = ", ".join(_flag(n) for n in allowed)
     out: dict[str, sampling.Space] = {}
@@ -98,12 +101,9 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, sa
         if not sep or not field or not values.strip():
             raise PodracerError(f"--sweep {spec!r} is not NAME=V1,V2,...; e.g. --sweep lr=1e-4,3e-4")
         if field not in allowed:
-            from podracer.config import used_configs
-
             used = any(field in {f.name for f in dataclasses.fields(cfg)}
-                       for cfg in used_configs(configs).values())
-            known = any(field in {f.name for f in dataclasses.fields(cfg)} for cfg in configs.values()
-                        if dataclasses.is_dataclass(cfg))
+                       for cfg in configs.recorded().values())
+            known = any(field in {f.name for f in dataclasses.fields(cfg)} for cfg in configs.sections().values())
             why = ("it changes the compiled program's shapes or code, so it cannot vary inside one "
                    "population; run one population per value" if used else
                    f"not a setting of --algo={algo}" if known else "no such setting")
@@ -111,13 +111,13 @@ def parse_sweeps(sweeps: Sequence[str], configs: dict[str, Any]) -> dict[str, sa
         if field in out:
             raise PodracerError(f"--sweep {_flag(field)} is given twice; list every value in one --sweep")
         section, attr = allowed[field]
-        kind = typing.get_type_hints(type(configs[section]))[attr]
+        kind = typing.get_type_hints(type(configs.section(section)))[attr]
         distribution, values = sampling.split_kind(_flag(field), values)
         parsed = []
         for text in values.split(":" if distribution in ("uniform", "loguniform") else ","):
             try:
                 value = kind(text.strip())
-                dataclasses.replace(configs[section], **{attr: value})  # its range, its checks
+                dataclasses.replace(configs.section(section), **{attr: value})  # its range, its checks
             except ValueError as err:
                 detail = str(err) if "must" in str(err) else f"expected {kind.__name__}, got {text.strip()!r}"
                 raise PodracerError(f"--sweep {_flag(field)}: {detail}") from None
@@ -165,18 +165,18 @@ def settings_of(spaces: dict[str, sampling.Space], population: "PopulationConfig
     return settings
 
 
-def agents(configs: dict[str, Any]) -> list[Agent]:
+def agents(configs: RunSpec) -> list[Agent]:
     """Every agent of the run: each setting (`settings_of`) with every seed."""
-    population: PopulationConfig = configs.get("population", PopulationConfig())
+    population = configs.population
     spaces = parse_sweeps(population.sweep, configs)
-    seed = configs["run"].seed
+    seed = configs.run.seed
     if seed + population.num_seeds - 1 > SEED.high:
         raise PodracerError(f"--seed={seed} with --num-seeds={population.num_seeds} takes seeds past "
                             f"{SEED.high} (the 32 bits of a JAX key); lower --seed")
     settings = settings_of(spaces, population, seed)
     members = [Agent(i * population.num_seeds + s, seed + s, setting)
                for i, setting in enumerate(settings) for s in range(population.num_seeds)]
-    _check_pbt(population, configs["run"].algo, len(members))
+    _check_pbt(population, configs.run.algo, len(members))
     return members
 
 
@@ -198,8 +198,8 @@ def _check_pbt(population: "PopulationConfig", algo: str, num_agents: int) -> No
                             "add --num-seeds=N or more --sweep values (or --num-samples=N)")
 
 
-def is_population(configs: dict[str, Any]) -> bool:
-    population = configs.get("population", PopulationConfig())
+def is_population(configs: RunSpec) -> bool:
+    population = configs.population
     return population.num_seeds > 1 or bool(population.sweep)
 
 
@@ -223,14 +223,15 @@ def with_values(config: Any, values: dict[str, Any]) -> Any:
     return config
 
 
-def configs_for(configs: dict[str, Any], hparams: dict[str, Any]) -> dict[str, Any]:
+def configs_for(configs: RunSpec, hparams: dict[str, Any]) -> RunSpec:
     """`configs` with each section's swept fields set to `hparams` (traced scalars inside the program)."""
-    allowed = SWEEPABLE.get(configs["run"].algo, {})
+    allowed = SWEEPABLE.get(configs.run.algo, {})
     by_section: dict[str, dict[str, Any]] = {}
     for name, value in hparams.items():
         section, attr = allowed[name]
         by_section.setdefault(section, {})[attr] = value
-    return {name: with_values(cfg, by_section.get(name, {})) for name, cfg in configs.items()}
+    return configs.with_sections({name: with_values(configs.section(name), values)
+                                  for name, values in by_section.items()})
 
 
 def check_agents(num_agents: int, mesh_size: int) -> bool:

@@ -175,12 +175,11 @@ def test_a_signal_delivered_twice_is_one_request():
 
 
 def test_a_checkpoint_of_another_pair_is_refused_by_naming_the_pair_alone():
-    from podracer.config import used_configs
     from podracer.orchestrate.parse import parse_configs
     from podracer.session.checkpoint import config_differences, config_record
 
     def record(*argv):
-        return config_record(used_configs(parse_configs(list(argv))))
+        return config_record(parse_configs(list(argv)).recorded())
 
     sebulba_es = record("--arch=sebulba", "--algo=es")
     # Each pair reads sections of its own; what sets them apart is the pair, said alone.

@@ -89,7 +89,7 @@ def test_warm_start_from_expert_dataset_reaches_what_random_cannot(tmp_path):
     assert data.dataset_metadata(str(tmp_path / "cloned"))["env"] == "CartPole-v1"
     np.testing.assert_allclose(cloned.metadata["episode_return"].mean(), summary["dataset_return_mean"])
     acting = cloned.mask & ~cloned.steps["is_last"]
-    net = configs["network"]
+    net = configs.network
     network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, net.hidden,
                            net.activation)
     params = jax.device_get(runner.train.params)

@@ -1,5 +1,7 @@
 """DQN's maths against hand-computed values: n-step transitions, double-Q targets, the target network."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,6 +60,22 @@ def test_double_q_targets_value_the_online_choice_with_the_target_network():
     np.testing.assert_allclose(dqn.double_q_targets(reward, discount, q_target, q_online), [1 + 0.5 * 20, 2])
     # DQN's own: the target network's max, 30.
     np.testing.assert_allclose(dqn.double_q_targets(reward, discount, q_target), [1 + 0.5 * 30, 2])
+
+
+def test_the_loss_bootstraps_from_the_online_networks_choice_valued_by_the_target_network():
+    # A Q-table read by state index: obs [N, 1] holds the state.
+    q_fn = lambda table, obs: table[obs[:, 0].astype(jnp.int32)]
+    online = jnp.asarray([[1.0, 3.0], [0.0, 9.0], [8.0, 0.0]])  # picks action 0 in state 2
+    target = jnp.asarray([[0.0, 0.0], [0.0, 0.0], [2.0, 8.0]])  # picks action 1 in state 2
+    batch = dqn.NStep(obs=jnp.asarray([[0.0], [1.0]]), action=jnp.asarray([1, 0]), reward=jnp.asarray([1.0, 0.0]),
+                      discount=jnp.asarray([0.5, 0.0]), next_obs=jnp.asarray([[2.0], [2.0]]))
+    # Row 0: Q = 3, target 1 + 0.5 * Q_target(2, argmax online = 0) = 2; row 1: Q = 0, target 0.
+    config = dqn.DQNConfig(loss="mse")
+    loss, q_mean = dqn.make_loss(q_fn, config)(online, target, batch)
+    assert float(loss) == pytest.approx((3 - 2) ** 2 / 2) and float(q_mean) == pytest.approx(1.5)
+    # Without double Q-learning the target network's own max (8) bootstraps row 0: 1 + 4 = 5.
+    loss, _ = dqn.make_loss(q_fn, dataclasses.replace(config, double_q=False))(online, target, batch)
+    assert float(loss) == pytest.approx((3 - 5) ** 2 / 2)
 
 
 def test_td_losses():

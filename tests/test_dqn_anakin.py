@@ -40,7 +40,9 @@ def solved_run(tmp_path_factory):
 def test_the_preset_solves_cartpole_and_a_learning_rate_of_zero_does_not(solved_run, tmp_path):
     returns = _returns(solved_run)
     assert returns[0] < 100, returns  # random play scores about 22
-    assert max(returns) >= 475, returns
+    # Judged on the end of the run: one that learned and then collapsed fails. Seeds 0-3
+    # held 499-500 over their last four intervals (of 63).
+    assert np.mean(returns[-4:]) >= 475, returns
     # The same preset with a learning rate of zero: the Q-network never changes, and its
     # greedy policy (after epsilon's decay) stays far below 475 however long it plays.
     result = _launch(["--lr=0", "--total-steps=100000", f"--run-dir={tmp_path / 'control'}"], cwd=tmp_path)

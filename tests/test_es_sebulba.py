@@ -17,6 +17,7 @@ from conftest import LAUNCHER, PYTHON, REPO_ROOT
 from podracer import es
 from podracer.protocol import parallel
 from podracer.orchestrate.cli import main
+from podracer.orchestrate.spec import RunSpec
 from podracer.config import NetworkConfig, RunConfig
 from podracer.es.config import ESConfig, make_strategy
 from podracer.sebulba.config import SebulbaConfig, split_devices
@@ -33,10 +34,10 @@ SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
 
 def _configs(tmp_path, env="CartPole-v1", total_steps=10_000, seed=0, network=SMALL, sebulba=None,
              **es_settings):
-    return {"run": RunConfig(arch="sebulba", algo="es", env=env, total_steps=total_steps, seed=seed,
-                             run_dir=str(tmp_path)),
-            "es": ESConfig(**es_settings), "sebulba": sebulba or SebulbaConfig(),
-            "network": NetworkConfig(hidden=network)}
+    return RunSpec(run=RunConfig(arch="sebulba", algo="es", env=env, total_steps=total_steps, seed=seed,
+                                 run_dir=str(tmp_path)),
+                   agent=ESConfig(**es_settings), sebulba=sebulba or SebulbaConfig(),
+                   network=NetworkConfig(hidden=network))
 
 
 # ---------------------------------------------------------------- counting episodes
@@ -218,8 +219,8 @@ def test_learns_cartpole_and_writes_the_run_files(tmp_path):
     summary, (state, _) = sebulba_train_es.train_es(configs, jax.devices()[:2])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     returns = [row["mean_params_return"] for row in rows]
-    assert returns[0] < 100 and max(returns) >= 475, returns
-    assert summary["mean_params_return"] >= 475 and summary["episode_return_mean"] > 300
+    assert returns[0] < 100 and returns[-1] == summary["mean_params_return"] >= 475, returns  # at the end
+    assert summary["episode_return_mean"] > 300
     assert summary["generations"] == len(rows) == int(state.generation)
     assert rows[-1]["env_steps"] == summary["env_steps"] >= 200_000 > rows[-2]["env_steps"]
     for key in ("env_steps", "sps", "episode_return_mean", "mean_params_return", "generations",

@@ -25,10 +25,12 @@ def test_sebulba_impala_solves_cartpole_with_policy_lag(tmp_path):
     assert summary["policy_lag_mean"] > 0.5  # the learner saw lagged experience
     returns = [row["episode_return_mean"] for row in rows if row.get("episode_return_mean") is not None]
     assert returns[0] < 100  # random play scores about 22
-    # Solved. Every run of the preset seen reached 475 within 400k steps; the end is
-    # not asked for: without PPO's clip, one run in nine (under load) later collapsed
-    # to a single action (return 9), as IMPALA on CartPole can.
-    assert max(returns) >= 475, returns
+    # Solved once, and still far above random play at the end: a run that learns and then
+    # collapses (without PPO's clip IMPALA on CartPole can fall to a single action, return 9)
+    # fails here. The learning rate decays to 0 over the run, which steadies its end; of
+    # seeds 0-7 six held 500 over their last four intervals (of 131), two about 290 and 265
+    # (one after falling from 500 to 25 and climbing back), so the end is asked for 200.
+    assert max(returns) >= 475 and np.mean(returns[-4:]) >= 200, returns
     # The actors' policies did differ from the learner's: V-trace cut some weights.
     assert np.mean([row["rho_clipped_fraction"] for row in rows]) > 0.05
     # The same preset with a learning rate of zero, for 100k steps: a policy that never

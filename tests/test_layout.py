@@ -50,10 +50,18 @@ def _imported_names(module: str, path: Path) -> list[tuple[str, int]]:
     """(dotted name, line) of every import in the file, at module level or inside functions.
 
     `from a.b import c` yields `a.b.c`: `c` may be a submodule or a name in
-    `a.b`; `_defining_module` tells which.
+    `a.b`; `_defining_module` tells which. Imports under `if TYPE_CHECKING:`
+    are left out: they name a type for annotations (the run spec a layer is
+    handed from above) and never run.
     """
     names = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    annotations_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                        and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                        for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in annotations_only:
+            continue
         if isinstance(node, ast.Import):
             names += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

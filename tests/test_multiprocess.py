@@ -133,9 +133,9 @@ def test_sebulba_learner_spans_both_processes(tmp_path):
     # batch: process 0's columns, then process 1's. (PPO shuffles each column
     # with a key from its global index, so another column order would differ.)
     configs = parse_configs([*SEBULBA, f"--run-dir={tmp_path / 'one'}"])
-    sebulba = dataclasses.replace(configs["sebulba"], actor_devices=(0,), learner_devices=(1,),
+    sebulba = dataclasses.replace(configs.sebulba, actor_devices=(0,), learner_devices=(1,),
                                   actor_threads=2)
-    _, state = train_ppo({**configs, "sebulba": sebulba}, devices=jax.devices()[:2])
+    _, state = train_ppo(configs.replace(sebulba=sebulba), devices=jax.devices()[:2])
     across = jax.tree.leaves(_final(two)["train"]["params"])
     within = jax.tree.leaves(jax.device_get(state.params))
     assert len(across) == len(within) > 0
@@ -174,8 +174,8 @@ def test_sebulba_es_population_spans_both_processes_and_matches_one_process(tmp_
     # One process whose two actor threads are numbered (members, env seeds) as
     # the two processes' threads are evaluates the same episodes and tells the same.
     configs = parse_configs([*SEBULBA_ES, f"--run-dir={tmp_path / 'one'}"])
-    configs["sebulba"] = dataclasses.replace(configs["sebulba"], actor_devices=(0,),
-                                             learner_devices=(1,), actor_threads=2)
+    configs = configs.replace(sebulba=dataclasses.replace(configs.sebulba, actor_devices=(0,),
+                                                          learner_devices=(1,), actor_threads=2))
     one_summary, (state, _) = train_es(configs, devices=jax.devices()[:2])
     assert one_summary["generations"] == summary["generations"]
     across = _final(two)["strategy"]["mean"]

@@ -122,7 +122,7 @@ from podracer.orchestrate.cli import _run_dir_state, parse_configs
 from podracer.session.session import RunSession
 
 configs = parse_configs(sys.argv[1:])
-distributed.initialize(configs["distributed"])
+distributed.initialize(configs.distributed)
 state = _run_dir_state(configs)
 session = RunSession(configs)
 restored, meta = session.open({"w": jnp.zeros(3)})
@@ -138,13 +138,13 @@ def test_every_process_resumes_from_process_0s_latest_checkpoint(tmp_path):
     import jax.numpy as jnp
 
     from podracer.orchestrate.cli import parse_configs
-    from podracer.session.checkpoint import Checkpointer
+    from podracer.session.checkpoint import Checkpointer, config_record
 
     views = {0: (256,), 1: (256, 512)}  # the checkpoints each process's run directory holds
     for process, steps in views.items():
         (tmp_path / str(process)).mkdir()
         configs = parse_configs([*AGREE_FLAGS[:-1], f"--run-dir={tmp_path / str(process) / 'run'}"])
-        checkpointer = Checkpointer(configs["run"].run_dir, configs["checkpoint"], configs)
+        checkpointer = Checkpointer(configs.run.run_dir, configs.checkpoint, config_record(configs.recorded()))
         for step in steps:  # the state names its step
             checkpointer.save(step, {"w": jnp.full(3, float(step))}, {})
             checkpointer.wait()

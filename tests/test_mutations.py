@@ -28,9 +28,11 @@ def test_each_planted_bug_still_fits_the_code(mutation):
             assert function in _test_functions(os.path.join(REPO_ROOT, path)), test
 
 
-def test_the_losses_actors_and_restore_each_have_planted_bugs():
+def test_the_losses_actors_restore_and_every_agent_have_planted_bugs():
     names = {m.name for m in MUTATIONS}
     assert {"ppo lower clip bound removed", "advantages divided by the variance",
             "v-trace importance weights inverted", "sebulba actors keep stale parameters",
-            "restore without the optimizer state"} <= names
+            "restore without the optimizer state", "pqn td target of the flipped sign",
+            "dqn without double q-learning", "sac actor's entropy term of the wrong sign",
+            "muzero value target bootstraps one step early"} <= names
     assert len(MUTATIONS) >= 8

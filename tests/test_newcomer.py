@@ -151,11 +151,11 @@ def test_the_steps_said_are_the_steps_the_anakin_program_runs(args):
     from podracer.anakin import train, train_es
 
     configs = parse_configs(args)
-    builder = train_es if configs["run"].algo == "es" else train
+    builder = train_es if configs.run.algo == "es" else train
     calls = builder.build(configs, jax.devices()[:1]).calls
     assert plan.trained_steps(configs) == calls.total * calls.steps_per_call
-    assert plan.trained_steps(configs) > configs["run"].total_steps * 1.05  # each of these rounds up
-    assert plan.rounding_note(configs).startswith(f"--total-steps={configs['run'].total_steps:,} trains ")
+    assert plan.trained_steps(configs) > configs.run.total_steps * 1.05  # each of these rounds up
+    assert plan.rounding_note(configs).startswith(f"--total-steps={configs.run.total_steps:,} trains ")
 
 
 def test_sebulba_rounds_up_to_whole_updates_and_es_is_not_known_ahead():

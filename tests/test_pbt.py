@@ -103,7 +103,7 @@ PBT_SMALL = ["--num-envs=8", "--rollout-len=16", "--updates-per-call=2", "--hidd
 def _pbt_trajectory(devices, calls=4):
     configs = parse(PBT_SMALL).configs
     built = anakin_train.build(configs, devices)
-    runner = built.init(jax.random.PRNGKey(configs["run"].seed))
+    runner = built.init(jax.random.PRNGKey(configs.run.seed))
     drawn = np.asarray([[a.settings[name] for a in pop.agents(configs)] for name in ("ent_coef", "lr")],
                        np.float32)
     np.testing.assert_array_equal(np.stack(jax.device_get(jax.tree.leaves(runner.hparams))), drawn)
@@ -259,13 +259,12 @@ def test_a_pbt_run_resumes_bitwise(cartpole_runs, tmp_path):
 
 
 def test_a_population_checkpointed_before_these_settings_existed_still_resumes():
-    from podracer.config import used_configs
     from podracer.session.checkpoint import config_differences, config_record
 
-    current = config_record(used_configs(parse(["--num-seeds=2"]).configs))
+    current = config_record(parse(["--num-seeds=2"]).configs.recorded())
     saved = json.loads(json.dumps(current))
     for name in ("num_samples", "pbt", "pbt_interval", "pbt_fraction", "pbt_perturb", "pbt_resample"):
         del saved["population"][name]
     assert config_differences(saved, current) == []
-    with_pbt = config_record(used_configs(parse(["--num-seeds=2", "--sweep", "lr=1e-3,3e-4", "--pbt"]).configs))
+    with_pbt = config_record(parse(["--num-seeds=2", "--sweep", "lr=1e-3,3e-4", "--pbt"]).configs.recorded())
     assert "--pbt (False saved, True now)" in config_differences(saved, with_pbt)

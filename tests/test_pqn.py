@@ -58,8 +58,8 @@ def test_epsilon_falls_linearly_over_its_fraction_of_the_run_then_stays():
 def test_the_schedule_spans_the_updates_the_run_trains_unless_given():
     run = ["--algo=pqn", "--num-envs=32", "--rollout-len=64", "--updates-per-call=8", "--total-steps=100000"]
     # 16,384 steps a call: 7 whole calls, 56 updates (as Anakin's driver counts them).
-    assert parse_configs(run)["pqn"].schedule_updates == 56
-    assert parse_configs([*run, "--schedule-updates=10"])["pqn"].schedule_updates == 10
+    assert parse_configs(run).agent.schedule_updates == 56
+    assert parse_configs([*run, "--schedule-updates=10"]).agent.schedule_updates == 10
 
 
 def test_epsilon_greedy_acts_and_scores_its_choices():

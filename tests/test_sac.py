@@ -33,6 +33,17 @@ def test_the_temperature_loss_and_its_gradient_against_hand_values():
     np.testing.assert_array_equal(grad_log_prob, 0.0)  # the policy is held fixed
 
 
+def test_the_actor_loss_pays_alpha_log_prob_and_gains_the_smaller_critic():
+    log_prob = jnp.asarray([-1.0, 0.5])
+    q = jnp.asarray([[3.0, 1.0], [2.0, 4.0]])  # min: [2, 1]
+    loss, (grad_log_prob, grad_q) = jax.value_and_grad(sac.actor_loss, argnums=(0, 1))(log_prob, q, jnp.asarray(0.5))
+    # mean(0.5 * [-1, 0.5] - [2, 1]) = mean([-2.5, -0.75]) = -1.625
+    assert float(loss) == pytest.approx(-1.625)
+    # Descent lowers log pi (raises the entropy) and raises the smaller critic's value only.
+    np.testing.assert_allclose(grad_log_prob, [0.25, 0.25])
+    np.testing.assert_allclose(grad_q, [[0.0, -0.5], [-0.5, 0.0]])
+
+
 def test_the_critic_target_takes_the_smaller_target_critic_minus_alpha_log_prob():
     reward = jnp.asarray([1.0, 2.0, 3.0])
     terminated = jnp.asarray([False, True, False])

@@ -14,6 +14,7 @@ import pytest
 
 from podracer.config import LogConfig, RunConfig
 from podracer.errors import PodracerError
+from podracer.orchestrate.spec import RunSpec
 from podracer.session.session import RunSession
 
 ROW = {"env_steps": 8, "sps": 100.0, "episode_return_mean": 9.0}
@@ -25,8 +26,8 @@ def session(tmp_path, monkeypatch):
     and the threads that ran before its loggers opened."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    started = RunSession({"run": RunConfig(run_dir=str(tmp_path / "run"), total_steps=64),
-                          "logging": LogConfig(wandb=True)})
+    started = RunSession(RunSpec(run=RunConfig(run_dir=str(tmp_path / "run"), total_steps=64),
+                                 logging=LogConfig(wandb=True)))
     started.open({"w": jnp.zeros(3)})
     before = set(threading.enumerate())
     started.start(64, 0.0)

@@ -83,7 +83,7 @@ def run_calls(session: RunSession, step: Callable, runner: Any, calls: Calls,
     `record` runs before a save that follows its call, so a NaN guard in it
     stops the run before a non-finite state is written.
     """
-    every = session.configs["checkpoint"].checkpoint_every
+    every = session.checkpoint.checkpoint_every
     save_every = math.ceil(every / calls.steps_per_call) if every else 0
 
     def log(call: int, metrics) -> None:

@@ -16,7 +16,6 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer.agent import Agent, AgentFor, Trajectory, all_finite

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -26,6 +26,9 @@ from podracer import pbt, population
 from podracer.networks import is_recurrent
 from podracer.protocol import parallel
 from podracer.session.session import RunSession, placed_for
+
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
 
 
 def _interval_metrics(metrics) -> dict:
@@ -44,7 +47,7 @@ def _interval_metrics(metrics) -> dict:
     return row
 
 
-def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
+def build(configs: RunSpec, devices=None, profile: bool = False) -> Program:
     """Environment, mesh, sizes, network, the jitted `init`/`train` and, to profile, its phases.
 
     The algorithm is an agent on the contract (`podracer.agent`), found in
@@ -53,7 +56,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     with its swept settings, and its `init` ignores the key it is given (each
     agent has its own seed).
     """
-    run, anakin = configs["run"], configs["anakin"]
+    run, anakin = configs.run, configs.anakin
     algo, algo_config = algorithm(configs)
     env = make_env(run.env)
     algo.check_env(env.spec, run.env)
@@ -62,7 +65,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     is_population = population.is_population(configs)
     sharded = population.check_agents(len(members), mesh.devices.size)
     check_masked_inputs(env.spec, getattr(algo_config, "normalize_observations", False))
-    network = algo.make_network(env.spec, configs["network"])
+    network = algo.make_network(env.spec, configs.network)
     layout = make_layout(anakin, algo_config, mesh.devices.size, is_recurrent(network), sharded)
     steps_per_call = layout.steps_per_update * anakin.updates_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
@@ -70,9 +73,9 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     optimizer_steps = num_updates * algo.optimizer_steps(algo_config)
 
     def agent_for(hparams, axis_names):
-        agent = population.configs_for(configs, hparams)  # its swept settings: traced scalars
-        optimizer = make_optimizer(agent["optimizer"], optimizer_steps)
-        return algo.make_agent(network, optimizer, agent[algo.name], env.spec, anakin.rollout_len, axis_names,
+        settings = population.configs_for(configs, hparams)  # its swept settings: traced scalars
+        optimizer = make_optimizer(settings.optimizer, optimizer_steps)
+        return algo.make_agent(network, optimizer, settings.agent, env.spec, anakin.rollout_len, axis_names,
                                num_envs=anakin.num_envs)
 
     pbt_config = pbt.config_of(configs)
@@ -102,18 +105,17 @@ def pbt_events(donor: np.ndarray, settings: dict[str, np.ndarray]) -> list[dict]
             for i, d in enumerate(donor) if d != pbt.NO_DONOR]
 
 
-def train_agent(configs: dict[str, Any], devices=None):
+def train_agent(configs: RunSpec, devices=None):
     """Train the agent of `--algo` (`podracer.algorithms`) with Anakin on `devices` (default: all); returns (summary, final runner).
 
-    `configs` maps section names to config dataclasses, as
-    `podracer.orchestrate.cli.parse_configs` returns them. A run directory with
-    a checkpoint resumes from it; a new run can clone its initial policy from a
-    dataset (`--init-from-dataset`), and a finished one records its policy
-    (`--record-dataset`). With `--profile`, acting and learning run as two
-    programs, timed apart (`podracer.anakin.profiled`).
+    `configs` is the run's `RunSpec` (`podracer.orchestrate.cli.parse_configs`). A run
+    directory with a checkpoint resumes from it; a new run can clone its initial policy
+    from a dataset (`--init-from-dataset`), and a finished one records its policy
+    (`--record-dataset`). With `--profile`, acting and learning run as two programs, timed
+    apart (`podracer.anakin.profiled`).
     """
     session = RunSession(configs)
-    run, updates_per_call = configs["run"], configs["anakin"].updates_per_call
+    run, updates_per_call = configs.run, configs.anakin.updates_per_call
     algo, algo_config = algorithm(configs)
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta, step, compile_s = open_with_programs(session, built, run.seed)

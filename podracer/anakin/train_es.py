@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 
@@ -25,9 +25,13 @@ from podracer.networks import make_policy_network
 from podracer.protocol import parallel
 from podracer.session.session import RunSession, placed_for
 
-def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Program:
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
+
+
+def build(configs: RunSpec, devices=None, profile: bool = False) -> Program:
     """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
-    run, es_config, net = configs["run"], configs["es"], configs["network"]
+    run, es_config, net = configs.run, configs.agent, configs.network
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
     layout = make_es_layout(es_config, env, mesh)
@@ -39,7 +43,7 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     if population.is_population(configs):
         # One agent's step with its settings, vmapped over the agents (and so are the phases).
         members = population.agents(configs)
-        config_for = lambda hparams: population.configs_for(configs, hparams)["es"]
+        config_for = lambda hparams: population.configs_for(configs, hparams).agent
         init, step = make_anakin_es_population(env, policy, config_for, mesh)
         keys, hparams = agent_inputs(members)
         phases = make_anakin_es_population_phases(env, policy, config_for, mesh) if profile else None
@@ -50,12 +54,11 @@ def build(configs: dict[str, Any], devices=None, profile: bool = False) -> Progr
     return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), Init.of_key(init), step, phases)
 
 
-def train_es(configs: dict[str, Any], devices=None):
+def train_es(configs: RunSpec, devices=None):
     """Train a policy with evolution strategies on Anakin; returns (summary, final runner).
 
-    `configs` maps section names to config dataclasses, as
-    `podracer.orchestrate.cli.parse_configs` returns them. A run directory
-    with a checkpoint resumes from it.
+    `configs` is the run's `RunSpec` (`podracer.orchestrate.cli.parse_configs`). A run
+    directory with a checkpoint resumes from it.
 
     `env_steps` counts the steps the population simulates (`population *
     episodes_per_member * horizon` per generation, steps after an episode's end
@@ -67,7 +70,7 @@ def train_es(configs: dict[str, Any], devices=None):
     (`podracer.anakin.profiled`).
     """
     session = RunSession(configs)
-    run, es_config = configs["run"], configs["es"]
+    run, es_config = configs.run, configs.agent
     generations_per_call = es_config.generations_per_call
     built = build(configs, devices, profile=session.profiler is not None)
     runner, meta, step, compile_s = open_with_programs(session, built, run.seed)
@@ -125,6 +128,6 @@ def train_es(configs: dict[str, Any], devices=None):
             **(session.population_summary(pop_log) if pop_log else {}),
         },
         stopped=outcome.stopped,
-        policy=lambda: es_policy(strategy.mean, outcome.runner.obs_stats, es_config, configs["network"],
+        policy=lambda: es_policy(strategy.mean, outcome.runner.obs_stats, es_config, configs.network,
                                  built.env.spec))
     return summary, outcome.runner

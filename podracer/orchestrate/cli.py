@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from podracer import config as run_config
 from podracer.algorithms import ALGORITHMS
@@ -24,10 +24,11 @@ from podracer.orchestrate.parse import Parsed, config_text, parse, parse_configs
 from podracer.orchestrate.plan import rounding_note
 from podracer import storage
 from podracer.session import heartbeat, lock, signals, startup
-from podracer.session.checkpoint import check_resumable
+from podracer.session.checkpoint import check_resumable, config_record
 from podracer.session.run_dir import (RunDirState, agreed_checkpoint_steps, disk_full_is_one_line,
                                       finished_message, finished_summary, link_latest, prepare_run_dir,
                                       unlink_new_run)
+from podracer.orchestrate.spec import RunSpec
 
 __all__ = ["main", "parse", "parse_configs", "run", "train"]
 
@@ -41,21 +42,21 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     startup.begin(time.time() if started is None else started)
     parsed = parsed or parse(argv)
     configs = parsed.configs
-    run_cfg: run_config.RunConfig = configs["run"]
+    run_cfg: run_config.RunConfig = configs.run
     storage.check(run_cfg.run_dir)  # gs:// needs its optional dependency: say so before anything starts
     # Library chatter (orbax logs through absl) would break the one-line error
     # contract; everything a user must see is reported by podracer itself.
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     trainer = _trainer(run_cfg.arch, run_cfg.algo)
-    one_process = not configs["distributed"].coordinator and configs["distributed"].distributed == "off"
+    one_process = not configs.distributed.coordinator and configs.distributed.distributed == "off"
     split = process_wide_jax_settings(run_cfg, default_cpu_devices(configs, usable_cores())
                                       if one_process else 1)
     from podracer.orchestrate import distributed as orchestrate
 
-    orchestrate.initialize(configs["distributed"])
-    configs = {**configs, "run": _agreed_run_dir(run_cfg, "run_dir" not in parsed.given)}
+    orchestrate.initialize(configs.distributed)
+    configs = configs.replace(run=_agreed_run_dir(run_cfg, "run_dir" not in parsed.given))
     parsed = parsed._replace(configs=configs)
-    run_dir = configs["run"].run_dir
+    run_dir = configs.run.run_dir
     state = _run_dir_state(configs)
     main_process = _is_main_process()
     if state.finished:
@@ -63,9 +64,9 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
         if main_process:
             print(finished_message(run_dir, state), flush=True)
         return summary
-    _check_env(configs["run"])
+    _check_env(configs.run)
     preflight.check(configs, main_process)
-    signals.set_stop_timeout(configs["checkpoint"].stop_timeout_s)
+    signals.set_stop_timeout(configs.checkpoint.stop_timeout_s)
     if state.resumes:
         signals.set_nothing_saved(
             f"the checkpoint at env step {state.checkpoint_steps:,} in {run_dir} is untouched")
@@ -99,8 +100,8 @@ def run(argv: Sequence[str], parsed: Parsed | None = None, started: float | None
     return summary
 
 
-def _what_compiles(configs: dict[str, Any]) -> str:
-    run = configs["run"]
+def _what_compiles(configs: RunSpec) -> str:
+    run = configs.run
     agents = (f", {len(population.agents(configs))} agents in one program"
               if population.is_population(configs) else "")
     return f"the training program of {run.arch} {run.algo} on {run.env}{agents}"
@@ -113,7 +114,7 @@ def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
     """
     import jax
 
-    run_cfg = parsed.configs["run"]
+    run_cfg = parsed.configs.run
     devices = jax.devices()
     processes = f" over {jax.process_count()} processes" if jax.process_count() > 1 else ""
     where = (f"resuming {run_cfg.run_dir} from env step {state.checkpoint_steps:,}" if state.resumes
@@ -129,7 +130,7 @@ def first_line(parsed: Parsed, state: RunDirState, cpu_split: int = 0) -> str:
             f"{where}{settings}")
 
 
-def default_cpu_devices(configs: dict[str, Any], cores: int) -> int:
+def default_cpu_devices(configs: RunSpec, cores: int) -> int:
     """CPU devices for a one-process run without `--cpu-devices`, on a machine with `cores` CPUs.
 
     One per core, up to the largest count that splits the run into independent
@@ -143,11 +144,11 @@ def default_cpu_devices(configs: dict[str, Any], cores: int) -> int:
     as long on two CPU devices. Only the CPU backend is split; an accelerator's
     devices are what they are.
     """
-    run = configs["run"]
+    run = configs.run
     if run.arch != "anakin":
         return 1
     if run.algo == "es":
-        units = configs["es"].population // 2
+        units = configs.agent.population // 2
     elif population.is_population(configs):
         units = len(population.agents(configs))
     else:
@@ -161,8 +162,8 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
-def _split_units(configs: dict[str, Any]) -> str:
-    return "generation's member pairs" if configs["run"].algo == "es" else "population's agents"
+def _split_units(configs: RunSpec) -> str:
+    return "generation's member pairs" if configs.run.algo == "es" else "population's agents"
 
 
 def process_wide_jax_settings(run_cfg: run_config.RunConfig, cpu_devices_by_default: int = 1) -> int:
@@ -216,16 +217,16 @@ def _agreed_run_dir(run_cfg: run_config.RunConfig, named_here: bool) -> run_conf
     return dataclasses.replace(run_cfg, run_dir=bytes(np.asarray(agreed)).rstrip(b"\0").decode())
 
 
-def _run_dir_state(configs: dict[str, Any]) -> RunDirState:
+def _run_dir_state(configs: RunSpec) -> RunDirState:
     """New, resumable (its config checked) or finished; refuses a checkpoint of another config.
 
     Process 0 decides for every process (`agreed_checkpoint_steps`): the
     processes cannot disagree on resuming or starting, nor on the step.
     """
-    run_cfg = configs["run"]
+    run_cfg = configs.run
     steps = agreed_checkpoint_steps(run_cfg.run_dir)
     if steps is not None:
-        check_resumable(run_cfg.run_dir, steps, configs["checkpoint"], configs)
+        check_resumable(run_cfg.run_dir, steps, configs.checkpoint, config_record(configs.recorded()))
     return RunDirState(steps, run_cfg.total_steps)
 
 
@@ -334,14 +335,14 @@ def _train(argv: list[str], entry: bool) -> int:
     if parsed.print_config:
         print(config_text(parsed))
         return 0
-    distributed = parsed.configs["distributed"]
+    distributed = parsed.configs.distributed
     if distributed.spawns:
         from podracer.orchestrate import distributed as orchestrate
 
         # Every process writes to the same run directory: name it once, here.
         named = [a for a in argv if not (a == "--print-config")]
         if "run_dir" not in parsed.given:
-            named.append(f"--run-dir={parsed.configs['run'].run_dir}")
+            named.append(f"--run-dir={parsed.configs.run.run_dir}")
         return orchestrate.spawn_local(named, distributed.num_processes)
     # Until training starts a signal ends the run at once (compilation cannot be
     # interrupted from Python); then the training loop saves and stops.

@@ -16,36 +16,16 @@ import time
 from typing import Any, NamedTuple, Sequence
 
 from podracer import config as run_config
-from podracer.anakin.loop import AnakinConfig
 from podracer.algorithms import ALGORITHMS
-from podracer.data.config import DataConfig
 from podracer.errors import PodracerError
-from podracer.es.config import ESConfig
-from podracer.orchestrate.distributed import DistConfig
 from podracer.orchestrate.flags import Parser, add_fields, flag_name, shown
+from podracer.orchestrate.spec import ALGORITHM_SECTIONS, SECTIONS, RunSpec
 from podracer import population
-from podracer.population import PopulationConfig
 from podracer.presets import preset_for
-from podracer.sebulba.config import SebulbaConfig
 from podracer.version import __version__
-from podracer.session.checkpoint import CheckpointConfig, config_record
+from podracer.session.checkpoint import config_record
 from podracer.session.run_dir import new_run_name
 
-# Every config class the command line fills, by the name its section has in --help.
-SECTIONS: dict[str, type] = {
-    "run": run_config.RunConfig,
-    **{name: algo.config for name, algo in ALGORITHMS.items()},
-    "es": ESConfig,
-    "anakin": AnakinConfig,
-    "sebulba": SebulbaConfig,
-    "optimizer": run_config.OptimConfig,
-    "network": run_config.NetworkConfig,
-    "checkpoint": CheckpointConfig,
-    "distributed": DistConfig,
-    "logging": run_config.LogConfig,
-    "data": DataConfig,
-    "population": PopulationConfig,
-}
 
 
 def triple(argv: Sequence[str]) -> tuple[str, str, str]:
@@ -80,18 +60,18 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 class Parsed(NamedTuple):
     """A command line, resolved: one config per section, and where each value came from."""
 
-    configs: dict[str, Any]
+    configs: RunSpec
     given: dict[str, Any]  # flags on the command line, by field name
     preset: dict[str, Any]  # the triple's preset
     print_config: bool
 
     @property
     def pair(self) -> tuple[str, str]:
-        return self.configs["run"].arch, self.configs["run"].algo
+        return self.configs.run.arch, self.configs.run.algo
 
     def used(self) -> dict[str, Any]:
-        """The configs the pair reads, in section order."""
-        return {name: cfg for name, cfg in self.configs.items() if name in run_config.USES[self.pair]}
+        """The sections the pair reads, in order."""
+        return self.configs.used()
 
     def differences(self) -> list[str]:
         """`--flag=value (given|preset)` for each setting the pair reads that is not its default."""
@@ -124,36 +104,39 @@ def parse(argv: Sequence[str]) -> Parsed:
     values = {**chosen, **given}
     if not values.get("run_dir"):
         values["run_dir"] = new_run_name(*pair, run_fields["env"], time.time())
-    configs = {}
+    sections = {}
     for section, cls in SECTIONS.items():
+        if section != pair[1] and section in ALGORITHM_SECTIONS:
+            continue  # another algorithm's: every flag given for it was refused above
         names = {field.name for field in dataclasses.fields(cls)}
         kwargs = {name: (tuple(value) if isinstance(value, list) else value)
                   for name, value in values.items() if name in names}
         try:
-            configs[section] = cls(**kwargs)
+            sections[section] = cls(**kwargs)
         except ValueError as err:
             raise PodracerError(str(err)) from None
+    configs = RunSpec(**{("agent" if name == pair[1] else name): cfg for name, cfg in sections.items()})
     _refuse_recurrent(configs)
-    algo = ALGORITHMS.get(configs["run"].algo)
+    algo = ALGORITHMS.get(configs.run.algo)
     if algo is not None and algo.settle is not None:
-        configs[algo.name] = algo.settle(configs)
+        configs = configs.replace(agent=algo.settle(configs))
     population.agents(configs)  # a bad --sweep is one line, before anything runs
-    if configs["population"].sweep_as_given and not configs["population"].sweep:
+    if configs.population.sweep_as_given and not configs.population.sweep:
         raise PodracerError("--sweep-as-given pairs the values of --sweep lists, and none is given; "
                             "add --sweep NAME=V1,V2,... or drop --sweep-as-given")
     tuning = [name for name in ("pbt_interval", "pbt_fraction", "pbt_perturb", "pbt_resample") if name in given]
-    if tuning and not configs["population"].pbt:
+    if tuning and not configs.population.pbt:
         raise PodracerError(f"{flag_name(tuning[0])} tunes population-based training, which is off; "
                             f"add --pbt or drop it")
-    if configs["population"].pbt and configs["logging"].profile:
+    if configs.population.pbt and configs.logging.profile:
         raise PodracerError("--profile times acting and learning as separate programs, which have no "
                             "place for --pbt's ranking; profile the population without --pbt")
-    data = configs["data"]
+    data = configs.data
     if population.is_population(configs) and (data.record_dataset or data.init_from_dataset):
         flag = "--record-dataset" if data.record_dataset else "--init-from-dataset"
         raise PodracerError(f"{flag} works with one agent, not a population (--num-seeds, --sweep); "
                             f"record one agent's policy from a run of its own")
-    if configs["logging"].wandb and importlib.util.find_spec("wandb") is None:
+    if configs.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb")
     return Parsed(configs, given, chosen, print_config)
 
@@ -177,9 +160,9 @@ def _refuse_unused(given: dict[str, Any], pair: tuple[str, str]) -> None:
                                 f"({ignored[name]}); drop it")
 
 
-def _refuse_recurrent(configs: dict[str, Any]) -> None:
+def _refuse_recurrent(configs: RunSpec) -> None:
     """A recurrent network trains with PPO, and records or clones no datasets (their policies are feed-forward)."""
-    network, algo, data = configs["network"].network, configs["run"].algo, configs["data"]
+    network, algo, data = configs.network.network, configs.run.algo, configs.data
     if network == "mlp":
         return
     if algo != "ppo":
@@ -191,8 +174,8 @@ def _refuse_recurrent(configs: dict[str, Any]) -> None:
                                 f"drop it or use --network=mlp")
 
 
-def parse_configs(argv: Sequence[str]) -> dict[str, Any]:
-    """Parse `argv` into one instance of each config class, keyed by section."""
+def parse_configs(argv: Sequence[str]) -> RunSpec:
+    """Parse and check `argv` into the run's `RunSpec`."""
     return parse(argv).configs
 
 

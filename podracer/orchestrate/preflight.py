@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
 
 import numpy as np
 
 from podracer import population
 from podracer.errors import PodracerError
+from podracer.orchestrate.spec import RunSpec
 
 GIB = 2**30
 
 
-def check(configs: dict[str, Any], main_process: bool = True) -> None:
+def check(configs: RunSpec, main_process: bool = True) -> None:
     """Refuse a run whose dataset paths are wrong or whose rollout cannot fit in memory (other
     settings are checked where they are built). `main_process`: this process records the dataset."""
-    data = configs["data"]
+    data = configs.data
     if data.record_dataset or data.init_from_dataset:
         from podracer.data.train_hooks import check_data_config
 
@@ -39,17 +39,16 @@ def check(configs: dict[str, Any], main_process: bool = True) -> None:
         return
     available, where = device_memory()
     if needed > available:
-        run = configs["run"]
-        arch = configs[run.arch]
+        arch = configs.architecture
         raise PodracerError(
             f"--num-envs={arch.num_envs:,} with --rollout-len={arch.rollout_len:,} needs at least "
             f"{needed / GIB:,.1f} GiB for one rollout's observations, more than the {available / GIB:,.1f} "
             f"GiB of {where}; lower --num-envs")
 
 
-def rollout_bytes(configs: dict[str, Any]) -> int | None:
+def rollout_bytes(configs: RunSpec) -> int | None:
     """Bytes of one rollout's observations over every agent (None: not a rollout-based run)."""
-    run = configs["run"]
+    run = configs.run
     if run.algo == "es":
         return None
     if run.arch == "anakin":
@@ -60,7 +59,7 @@ def rollout_bytes(configs: dict[str, Any]) -> int | None:
         from podracer.sebulba.envs import env_spec
 
         spec = env_spec(run.env)
-    arch = configs[run.arch]
+    arch = configs.architecture
     agents = len(population.agents(configs)) if run.arch == "anakin" else 1
     per_step = math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize
     return agents * arch.num_envs * arch.rollout_len * per_step

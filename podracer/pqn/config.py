@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from podracer.bounds import NON_NEGATIVE, POSITIVE, UNIT, bounded, check_bounds
 from podracer.ppo.config import PPOConfig
+
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
+
 
 # What the NaN guard tells a user whose PQN run diverged.
 PQN_FIX = "lower --lr or --max-grad-norm, or scale rewards down with --reward-scale"
@@ -50,16 +54,16 @@ class PQNConfig:
     batch_problem = PPOConfig.batch_problem
 
 
-def with_run_updates(configs: dict[str, Any]) -> PQNConfig:
+def with_run_updates(configs: RunSpec) -> PQNConfig:
     """The `pqn` section with `schedule_updates` set to the updates the run trains for, unless given.
 
     Anakin trains whole calls of `updates_per_call` updates of `num_envs x
     rollout_len` steps (`podracer.anakin.train.build`), Sebulba whole updates.
     """
-    config, run = configs["pqn"], configs["run"]
+    config, run = configs.agent, configs.run
     if config.schedule_updates:
         return config
-    arch = configs[run.arch]
+    arch = configs.architecture
     per_call = getattr(arch, "updates_per_call", 1)
     calls = max(1, math.ceil(run.total_steps / (arch.num_envs * arch.rollout_len * per_call)))
     return dataclasses.replace(config, schedule_updates=calls * per_call)

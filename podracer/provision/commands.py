@@ -175,7 +175,7 @@ def _plan(command: Command, spec: SliceSpec, build_dir: Path) -> _Plan:
 def _env_id(training_flags) -> str:
     from podracer.orchestrate.parse import parse
 
-    return parse(list(training_flags)).configs["run"].env
+    return parse(list(training_flags)).configs.run.env
 
 
 def _slice_address(spec: SliceSpec, command: Command) -> dict:

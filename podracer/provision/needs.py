@@ -33,12 +33,12 @@ def worker_extras(training_flags: Sequence[str]) -> tuple[str, ...]:
 
     configs = parse(list(training_flags)).configs
     extras = list(WORKER_EXTRAS)
-    env = configs["run"].env
+    env = configs.run.env
     if env.split(":", 1)[0] in SUITE_EXTRAS and ":" in env:
         extras.append(env.split(":", 1)[0])
-    if configs["data"].record_dataset or configs["data"].init_from_dataset:
+    if configs.data.record_dataset or configs.data.init_from_dataset:
         extras.append("data")
-    if configs["logging"].wandb:
+    if configs.logging.wandb:
         extras.append("wandb")
     return tuple(extras)
 

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 from podracer.errors import PodracerError
 from podracer.provision.slices import SliceShape
+from podracer.orchestrate.spec import RunSpec
 
 # What the slice decides for itself: every worker is one process of the run;
 # the worker program joins them (`podracer.provision.worker`).
@@ -70,7 +71,7 @@ def check_training_flags(training_flags: Sequence[str], provisioner_flags: Itera
         if _name(arg) in SET_BY_THE_SLICE:
             raise PodracerError(f"{_name(arg)} is set by the slice (every worker is one process "
                                 "of the run, joined to the others by the worker); drop it")
-    run = parse(training_flags).configs["run"]
+    run = parse(training_flags).configs.run
     check_env(run.arch, run.env)
 
 
@@ -103,28 +104,28 @@ def check_layout(training_flags: Sequence[str], shape: SliceShape) -> None:
         raise PodracerError(f"on {shape.describe()}: {error}") from None
 
 
-def _check_layout(configs: dict, shape: SliceShape) -> None:
+def _check_layout(configs: RunSpec, shape: SliceShape) -> None:
     from podracer import population
 
-    run = configs["run"]
-    recurrent = configs["network"].network != "mlp"
+    run = configs.run
+    recurrent = configs.network.network != "mlp"
     if run.arch == "sebulba":
         from podracer.sebulba.config import make_layout, split_devices
 
         # Only the number of each host's devices matters here, not the devices.
-        split = split_devices(configs["sebulba"], list(range(shape.devices_per_host)))
+        split = split_devices(configs.sebulba, list(range(shape.devices_per_host)))
         if run.algo == "es":
             from podracer.sebulba.es import make_es_layout
 
-            make_es_layout(configs["es"], configs["sebulba"], split, shape.hosts)
+            make_es_layout(configs.agent, configs.sebulba, split, shape.hosts)
         else:
-            make_layout(configs["sebulba"], configs[run.algo], split, shape.hosts, recurrent)
+            make_layout(configs.sebulba, configs.agent, split, shape.hosts, recurrent)
     elif run.algo == "es":
         from podracer.anakin.es import members_per_device
 
-        members_per_device(configs["es"], shape.devices)
+        members_per_device(configs.agent, shape.devices)
     else:
         from podracer.anakin.loop import make_layout as anakin_layout
 
         sharded = population.check_agents(len(population.agents(configs)), shape.devices)
-        anakin_layout(configs["anakin"], configs[run.algo], shape.devices, recurrent, sharded)
+        anakin_layout(configs.anakin, configs.agent, shape.devices, recurrent, sharded)

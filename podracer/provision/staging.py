@@ -105,7 +105,7 @@ def slice_run_dir(bucket: str | None, training_flags: Sequence[str], slice_name:
             "--bucket=gs://BUCKET (or --run-dir=gs://BUCKET/PATH); see docs/tpu.md")
     from podracer.orchestrate.parse import parse
 
-    run = parse(list(training_flags)).configs["run"]
+    run = parse(list(training_flags)).configs.run
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if when is None else when))
     env = re.sub(r"[^A-Za-z0-9._-]+", "_", run.env)
     return storage.join(bucket.rstrip("/"), "runs",

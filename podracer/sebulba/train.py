@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import queue
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import numpy as np
@@ -42,6 +42,10 @@ from podracer.sebulba.params import ParamsStore
 from podracer.sebulba.threads import actor_thread, run_threads
 from podracer.session.session import RunSession
 
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
+
+
 class Setup(NamedTuple):
     """Everything built before a thread starts: sizes, network, agent, learner state and its compiled step."""
 
@@ -58,18 +62,18 @@ class Setup(NamedTuple):
     compile_s: float
 
 
-def build(configs: dict[str, Any], devices=None) -> Setup:
+def build(configs: RunSpec, devices=None) -> Setup:
     """Check the configs against the devices, then build the agent and compile its learner step."""
-    run, sebulba = configs["run"], configs["sebulba"]
+    run, sebulba = configs.run, configs.sebulba
     algo, algo_config = algorithm(configs)
     spec = env_spec(run.env)
     algo.check_env(spec, run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
-    network = algo.make_network(spec, configs["network"])
+    network = algo.make_network(spec, configs.network)
     layout = make_layout(sebulba, algo_config, split, jax.process_count(), is_recurrent(network))
     num_updates = max(1, math.ceil(run.total_steps / layout.steps_per_update))
     check_masked_inputs(spec, getattr(algo_config, "normalize_observations", False))
-    optimizer = make_optimizer(configs["optimizer"], num_updates * algo.optimizer_steps(algo_config))
+    optimizer = make_optimizer(configs.optimizer, num_updates * algo.optimizer_steps(algo_config))
     agent = algo.make_agent(network, optimizer, algo_config, spec, sebulba.rollout_len, (parallel.DATA_AXIS,),
                             num_envs=sebulba.num_envs)
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
@@ -104,18 +108,17 @@ def env_seed(seed: int, actor: int, first_update: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
 
 
-def train_agent(configs: dict[str, Any], devices=None):
+def train_agent(configs: RunSpec, devices=None):
     """Train the agent of `--algo` with Sebulba on `devices` (default: this host's); returns (summary, final state).
 
-    `configs` maps section names to config dataclasses, as
-    `podracer.orchestrate.cli.parse_configs` returns them. Actor threads step
-    envpool environments on the host and run the agent's `act` and `prepare`
-    on their actor device; the learner runs its `learn` on the learner devices
-    and saves checkpoints into the run directory. SIGINT/SIGTERM make the learner save and stop every thread; a
-    failure in any thread stops every thread and is re-raised.
+    `configs` is the run's `RunSpec` (`podracer.orchestrate.cli.parse_configs`). Actor
+    threads step envpool environments on the host and run the agent's `act` and `prepare`
+    on their actor device; the learner runs its `learn` on the learner devices and saves
+    checkpoints into the run directory. SIGINT/SIGTERM make the learner save and stop
+    every thread; a failure in any thread stops every thread and is re-raised.
     """
     session = RunSession(configs)
-    run, sebulba = configs["run"], configs["sebulba"]
+    run, sebulba = configs.run, configs.sebulba
     algo, algo_config = algorithm(configs)
     setup = build(configs, devices)
     layout, split, steps = setup.layout, setup.split, setup.layout.steps_per_update
@@ -150,7 +153,7 @@ def train_agent(configs: dict[str, Any], devices=None):
 
     logger = session.start(setup.num_updates * steps, setup.compile_s)
     log = IntervalLog(logger, timings, sebulba.log_every, steps, setup.num_updates, first_update)
-    every = session.configs["checkpoint"].checkpoint_every
+    every = session.checkpoint.checkpoint_every
     learning = Learning(
         setup.step_fn, queues, store, setup.num_updates, learner["key"], control, timings, log,
         acting_state=setup.agent.acting_state, first_update=first_update,

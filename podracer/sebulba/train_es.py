@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import queue
 import time
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +47,9 @@ from podracer.sebulba.threads import actor_thread, run_threads
 from podracer.sebulba.train import env_seed
 from podracer.session.session import RunSession
 
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
+
 
 class ESSetup(NamedTuple):
     """Everything built (and compiled) before a thread starts."""
@@ -65,9 +68,9 @@ class ESSetup(NamedTuple):
     compile_s: float
 
 
-def build(configs: dict[str, Any], devices=None) -> ESSetup:
+def build(configs: RunSpec, devices=None) -> ESSetup:
     """Check the configs against the devices, build the pure pieces, compile them on their devices."""
-    run, es_config, sebulba, net = configs["run"], configs["es"], configs["sebulba"], configs["network"]
+    run, es_config, sebulba, net = configs.run, configs.agent, configs.sebulba, configs.network
     spec = env_spec(run.env)
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_es_layout(es_config, sebulba, split, jax.process_count())
@@ -111,19 +114,17 @@ def build(configs: dict[str, Any], devices=None) -> ESSetup:
                    int(flat.shape[0]), time.perf_counter() - compile_start)
 
 
-def train_es(configs: dict[str, Any], devices=None):
+def train_es(configs: RunSpec, devices=None):
     """Train a policy with evolution strategies on Sebulba; returns (summary, (state, obs_stats)).
 
-    `configs` maps section names to config dataclasses, as
-    `podracer.orchestrate.cli.parse_configs` returns them. The run ends after
-    the generation in which the members' episodes reach `total_steps` agent
-    steps (`env_steps`; the mean parameters' evaluation episodes and the
-    ignored steps of slots waiting for the others are counted apart).
-    SIGINT/SIGTERM make the learner save and stop every thread; a failure in
-    any thread stops every thread and is re-raised.
+    `configs` is the run's `RunSpec` (`podracer.orchestrate.cli.parse_configs`). The run
+    ends after the generation in which the members' episodes reach `total_steps` agent
+    steps (`env_steps`; the mean parameters' evaluation episodes and the ignored steps of
+    slots waiting for the others are counted apart). SIGINT/SIGTERM make the learner save
+    and stop every thread; a failure in any thread stops every thread and is re-raised.
     """
     session = RunSession(configs)
-    run, es_config, sebulba = configs["run"], configs["es"], configs["sebulba"]
+    run, es_config, sebulba = configs.run, configs.agent, configs.sebulba
     setup = build(configs, devices)
     layout, split = setup.layout, setup.split
     restored, meta = session.open({"strategy": setup.state, "obs_stats": setup.obs_stats})
@@ -153,7 +154,7 @@ def train_es(configs: dict[str, Any], devices=None):
 
     learning = ESLearning(
         setup.learner_step, setup.es_key, setup.mesh, queues, store, run.total_steps, control,
-        timings, log, start, save=save, save_every=session.configs["checkpoint"].checkpoint_every,
+        timings, log, start, save=save, save_every=session.checkpoint.checkpoint_every,
         interrupted=lambda: bool(session.stop),
         guard=lambda finite, generation: session.check_finite(
             finite, f"generation {generation}", log.env_steps, ES_FIX))
@@ -185,6 +186,6 @@ def train_es(configs: dict[str, Any], devices=None):
             "ignored_steps": log.ignored_steps,
         },
         stopped=log.env_steps < run.total_steps,
-        policy=lambda: es_policy(state.mean, obs_stats, es_config, configs["network"], setup.spec),
+        policy=lambda: es_policy(state.mean, obs_stats, es_config, configs.network, setup.spec),
         breakdown=True)
     return summary, (state, obs_stats)

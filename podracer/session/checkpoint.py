@@ -27,7 +27,6 @@ from typing import Any, Iterator
 
 import jax
 
-from podracer.config import used_configs
 from podracer.bounds import NON_NEGATIVE, POSITIVE, bounded, check_bounds
 from podracer.errors import PodracerError
 from podracer import storage
@@ -67,11 +66,11 @@ class CheckpointConfig:
         check_bounds(self)
 
 
-def config_record(configs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The configs as plain JSON (tuples become lists), keyed by section."""
+def config_record(sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Config sections (`RunSpec.recorded()`) as plain JSON (tuples become lists), keyed by section."""
     return {section: {k: list(v) if isinstance(v, tuple) else v
                       for k, v in dataclasses.asdict(cfg).items()}
-            for section, cfg in configs.items()}
+            for section, cfg in sections.items()}
 
 
 # Settings added after checkpoints were already being written: an older checkpoint
@@ -104,13 +103,13 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return differing
 
 
-def check_resumable(run_dir: str, step: int, config: CheckpointConfig, configs: dict[str, Any]) -> None:
+def check_resumable(run_dir: str, step: int, config: CheckpointConfig, record: dict[str, Any]) -> None:
     """Refuses to resume `run_dir` from its checkpoint `step` if that was made with another config.
 
     Called before anything is built, so a wrong flag fails in a second, not after
     a compilation.
     """
-    probe = Checkpointer(run_dir, config, configs, create=False)
+    probe = Checkpointer(run_dir, config, record, create=False)
     try:
         probe.check_config(probe.read_meta(step))
     finally:
@@ -139,13 +138,13 @@ def has_checkpoint(run_dir: str) -> bool:
 class Checkpointer:
     """Saves and restores one run's state; steps are env steps."""
 
-    def __init__(self, run_dir: str, config: CheckpointConfig, configs: dict[str, Any],
+    def __init__(self, run_dir: str, config: CheckpointConfig, record: dict[str, Any],
                  create: bool = True):
         import orbax.checkpoint as ocp
 
         self._ocp = ocp
         # What the (arch, algo) pair reads: a setting it ignores never blocks a resume.
-        self.configs = config_record(used_configs(configs) if "run" in configs else configs)
+        self.record = record  # `config_record` of the sections the run reads
         options = ocp.CheckpointManagerOptions(
             max_to_keep=config.keep_checkpoints, enable_async_checkpointing=True, create=create,
             # A save cut short (a kill, a full disk) leaves a temporary directory; this run holds the
@@ -160,7 +159,7 @@ class Checkpointer:
     def save(self, env_steps: int, state: Any, meta: dict[str, Any]) -> None:
         """Start an asynchronous save; returns once the arrays are copied off the devices."""
         ocp = self._ocp
-        meta = {**meta, "env_steps": env_steps, "config": self.configs}
+        meta = {**meta, "env_steps": env_steps, "config": self.record}
         self.manager.save(env_steps, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
 
@@ -176,7 +175,7 @@ class Checkpointer:
             ) from None
 
     def check_config(self, meta: dict[str, Any]) -> None:
-        differing = config_differences(meta.get("config", {}), self.configs)
+        differing = config_differences(meta.get("config", {}), self.record)
         if differing:
             raise PodracerError(
                 f"the checkpoint in {checkpoint_dir_of(self)} was made with another config: "

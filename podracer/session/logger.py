@@ -63,24 +63,21 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def start_wandb(configs: dict[str, Any]) -> Any:
-    """A Weights & Biases run when `--wandb` asks for one (process 0 only), else None."""
-    import dataclasses
-
-    logging_config = configs.get("logging")
-    if logging_config is None or not logging_config.wandb:
+def start_wandb(logging_config: Any, run: Any, record: dict[str, Any]) -> Any:
+    """A Weights & Biases run when `--wandb` asks for one (`logging_config`, the run's `LogConfig`),
+    else None; `record` (the run's settings, `config_record`) is its config."""
+    if not logging_config.wandb:
         return None
     try:
         import wandb
     except ImportError:
         raise PodracerError("--wandb needs the wandb package; pip install wandb, or drop --wandb") from None
-    run = configs["run"]
     # W&B keeps its files in a local directory: RUN_DIR/wandb for a local run
     # directory; for a gs:// one, W&B's own default (./wandb, or $WANDB_DIR).
     return wandb.init(project=logging_config.wandb_project,
                       dir=None if storage.is_remote(run.run_dir) else run.run_dir,
                       name=storage.name(run.run_dir),
-                      config={name: dataclasses.asdict(cfg) for name, cfg in configs.items()})
+                      config=record)
 
 
 def format_duration(seconds: float | None) -> str:

@@ -25,14 +25,13 @@ import contextlib
 import functools
 import signal
 import time
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import jax
 
-from podracer.config import LogConfig, used_configs
 from podracer.errors import Interrupted, PodracerError
 from podracer.protocol import parallel
-from podracer.session.checkpoint import (CheckpointConfig, Checkpointer, StopFlag, config_record,
+from podracer.session.checkpoint import (Checkpointer, StopFlag, config_record,
                                         stop_on_signals)
 from podracer.session.logger import RunLogger, start_wandb
 from podracer.session.profile import make_profiler
@@ -40,6 +39,9 @@ from podracer.session.run_dir import agreed_checkpoint_steps, prepare_run_dir
 from podracer import storage
 from podracer.session import heartbeat, startup
 from podracer.session.timing import Timings, as_metrics, format_breakdown
+
+if TYPE_CHECKING:  # the command line's run spec, built above this layer
+    from podracer.orchestrate.spec import RunSpec
 
 
 def placed_for(program: Any, state: Any) -> Any:
@@ -110,12 +112,11 @@ def _closing_loggers_on_failure(method: Callable) -> Callable:
 class RunSession:
     """The host side of one run: run directory, checkpoints, logging, profile, signals, summary."""
 
-    def __init__(self, configs: dict[str, Any]):
-        # Sections a caller from Python may leave out get their defaults.
-        configs = {"checkpoint": CheckpointConfig(), "logging": LogConfig(), **configs}
-        self.configs = configs
-        self.run = configs["run"]
-        self.data = configs.get("data")  # `podracer.data.DataConfig`; None: no dataset
+    def __init__(self, spec: RunSpec):
+        # The sections the host side reads, and the record of every setting the run reads
+        # (kept in each checkpoint, which a resume must match, and in summary.json).
+        self.run, self.data, self.checkpoint, self.logging = spec.run, spec.data, spec.checkpoint, spec.logging
+        self.record = config_record(spec.recorded())
         self.datasets = _dataset_hooks(self.data)
         self.startup = startup.take()  # since the process (or the `podracer.train` call) started
         self.main_process = parallel.is_main_process()
@@ -131,7 +132,7 @@ class RunSession:
         # Where this process writes the files a gs:// run directory gets by copy.
         self.staging = storage.Staging(self.run.run_dir)
         self.profiler = make_profiler(
-            configs["logging"], self.staging.local if configs["logging"].profile else self.run.run_dir)
+            self.logging, self.staging.local if self.logging.profile else self.run.run_dir)
         self.timings: Timings = self.profiler or Timings()
         self.checkpointer: Checkpointer | None = None  # made when first needed (`_checkpointer`)
         self.logger: RunLogger | None = None
@@ -174,7 +175,7 @@ class RunSession:
     def _checkpointer(self) -> Checkpointer:
         """The run's checkpointer, made when first needed: by a new run at its first save."""
         if self.checkpointer is None:
-            self.checkpointer = Checkpointer(self.run.run_dir, self.configs["checkpoint"], self.configs)
+            self.checkpointer = Checkpointer(self.run.run_dir, self.checkpoint, self.record)
         return self.checkpointer
 
     def warm_start(self, train: Any, spec: Any, network: Any, ppo_config: Any) -> Any:
@@ -195,7 +196,7 @@ class RunSession:
         heartbeat.end()  # the command line's "compiling ..." line ends before "compiled in"
         self.logger = RunLogger(self.run.run_dir, total_steps, enabled=self.main_process,
                                 resume_steps=self.resumed_from or 0, staging=self.staging,
-                                wandb_run=start_wandb(self.configs) if self.main_process else None)
+                                wandb_run=start_wandb(self.logging, self.run, self.record) if self.main_process else None)
         self.logger.compiled(compile_s)
         if self.profiler:
             self.profiler.start()
@@ -343,7 +344,7 @@ class RunSession:
             # `podracer.train` call's), so that start-up is part of the wall time.
             "wall_s": time.time() - self.startup.started,
             **({"profile": self.profile} if self.profile else {}),
-            "config": config_record(used_configs(self.configs)),
+            "config": self.record,
         })
         self.staging.close()
         if breakdown and self.logger.enabled and not self.profiler:  # a profile prints its own table
