@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import LAUNCHER, PYTHON, wait_for
+from conftest import LAUNCHER, PYTHON, kill_at_first_checkpoint
 from podracer.session.checkpoint import checkpoint_steps, restore_on_host
 
 # The CartPole preset, shortened: two agents of one program, one learning and one with a
@@ -49,15 +49,7 @@ def test_muzero_learns_cartpole_and_a_learning_rate_of_zero_does_not(reference):
 def test_sigkill_then_resume_is_bitwise_identical(reference, tmp_path):
     ref_dir, ref_summary = reference
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([PYTHON, LAUNCHER, *RUN, f"--run-dir={run_dir}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        appeared = wait_for(lambda: checkpoint_steps(str(run_dir)), 600)
-    finally:
-        proc.kill()
-        _, stderr = proc.communicate(timeout=60)
-    assert appeared, stderr[-3000:]
-    killed_at = checkpoint_steps(str(run_dir))[-1]
+    killed_at = kill_at_first_checkpoint([*RUN, f"--run-dir={run_dir}"], run_dir, timeout_s=600)
     assert killed_at < 40000
 
     result = _launch(*RUN, f"--run-dir={run_dir}")

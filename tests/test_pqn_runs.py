@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import LAUNCHER, PYTHON, wait_for
+from conftest import LAUNCHER, PYTHON, kill_at_first_checkpoint
 from podracer.session.checkpoint import checkpoint_steps, restore_on_host
 
 import jax
@@ -78,14 +78,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     reference = _launch(*RESUME, f"--run-dir={tmp_path / 'reference'}", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-3000:]
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([PYTHON, LAUNCHER, *RESUME, f"--run-dir={run_dir}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert wait_for(lambda: checkpoint_steps(str(run_dir)), 180), "no checkpoint appeared"
-    finally:
-        proc.kill()
-        proc.communicate(timeout=60)
-    killed_at = checkpoint_steps(str(run_dir))[-1]
+    killed_at = kill_at_first_checkpoint([*RESUME, f"--run-dir={run_dir}"], run_dir)
     assert killed_at < 30720
     resumed = _launch(*RESUME, f"--run-dir={run_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from podracer import replay
-from podracer.acting import Policy
+from podracer.acting import Policy, keyed_act
 from podracer.agent import Agent, Rollout, Trajectory
 from podracer.dqn.config import DQNConfig
 from podracer.dqn.targets import NStep, nstep_transitions
@@ -80,11 +80,4 @@ def policy(state, network, config: DQNConfig, deterministic: bool) -> Policy:
 
 def load_policy(network, config: DQNConfig, saved: dict, deterministic: bool) -> Callable:
     """`act(obs, key) -> actions` from a checkpoint's agent state (its online network)."""
-    params = jax.tree.map(jnp.asarray, saved["params"])
-    act_fn = _policy_act_fn(network, config, deterministic)
-
-    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
-        """Actions for a batch of observations [B, ...]."""
-        return act_fn(params, obs, jax.random.split(key, obs.shape[0]))[0]
-
-    return act
+    return keyed_act(_policy_act_fn(network, config, deterministic), jax.tree.map(jnp.asarray, saved["params"]))

@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from podracer.acting import Policy
+from podracer.acting import Policy, keyed_act
 from podracer.pqn.config import PQNConfig
 from podracer.qnetwork import make_epsilon_act
 
@@ -19,12 +19,7 @@ def policy(state, network, config: PQNConfig, deterministic: bool) -> Policy:
 
 
 def load_policy(network, config: PQNConfig, saved: dict, deterministic: bool) -> Callable:
-    """`act(obs, key) -> actions` from a checkpoint's agent state (`saved`)."""
-    params = jax.tree.map(jnp.asarray, saved["params"])
-    act_batch = make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic)
-
-    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
-        """Greedy (`deterministic`) or epsilon-greedy actions, epsilon the run's final one, for obs [B, ...]."""
-        return act_batch(params, obs, jax.random.split(key, obs.shape[0]))[0]
-
-    return act
+    """`act(obs, key) -> actions` from a checkpoint's agent state (`saved`): greedy (`deterministic`) or
+    epsilon-greedy, epsilon the run's final one."""
+    act_fn = make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic)
+    return keyed_act(act_fn, jax.tree.map(jnp.asarray, saved["params"]))
