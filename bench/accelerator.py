@@ -3,8 +3,8 @@
 Each row is a run of the launcher as a user would start it (`launch/tpu.py`,
 its own process, a time limit of its own), at the sizes an accelerator is
 bought for: Anakin PPO and IMPALA on CartPole with large batches, a population
-of 256 agents, ES with 4,096 members, brax and Craftax, and Sebulba Pong on the
-host's cores. Brax's own PPO trainer runs beside podracer's brax row with the
+of 256 agents, ES with 4,096 members, brax and Craftax, Sebulba Pong on the
+host's cores, then PQN on MinAtar Breakout, SAC on brax and MuZero on CartPole. Brax's own PPO trainer runs beside podracer's brax row with the
 same environment, batch and networks. A row reports the run's `sps` (env steps
 over training time, compilation excluded), `steady_sps` (the same after the
 first logged interval), `compile_s` and the final mean return.
@@ -67,6 +67,17 @@ ROWS: list[tuple[str, list[str], list[str] | None, int]] = [
      ["--arch=sebulba", "--env=Pong-v5", "--num-envs=64", "--actor-threads=2", "--env-threads=4",
       "--total-steps=1000000"],
      None, 60),
+    # The value-based and search agents last: each runs if the budget has room left.
+    ("anakin-pqn-breakout-minatar-1k-envs",
+     ["--algo=pqn", "--env=Breakout-MinAtar", "--num-envs=1024", "--total-steps=20000000"],
+     ["--algo=pqn", "--env=CartPole-v1", "--num-envs=16", "--rollout-len=16", "--minibatches=4",
+      "--total-steps=2048"], 60),
+    ("anakin-sac-brax-inverted-pendulum",
+     ["--algo=sac", "--env=brax:inverted_pendulum", "--total-steps=200000"],
+     None, 45),
+    ("anakin-muzero-cartpole-preset",
+     ["--algo=muzero", "--env=CartPole-v1"],
+     ["--algo=muzero", "--env=CartPole-v1", "--updates-per-call=2", "--total-steps=512"], 60),
 ]
 COMMON = ["--checkpoint-every=0", "--compile-cache=off"]
 

@@ -1,9 +1,12 @@
 """What each JAX suite costs on Anakin, and podracer against brax's own PPO trainer on brax envs.
 
-Per suite, at the same batch (64 environments): `env_sps`, raw environment
+Per suite, at the same batch (64 environments): `raw_sps`, raw environment
 steps/s with uniformly random actions (one jitted `lax.scan` of the adapter's
-batched step, as Anakin's rollout runs it, auto-reset included), and `ppo_sps`, podracer's Anakin PPO
-training steps/s (64 envs x 64 steps, 4 epochs x 4 minibatches, 64x64 MLPs).
+batched step, as Anakin's rollout runs it, auto-reset included), `ppo_sps`, podracer's Anakin PPO
+training steps/s (64 envs x 64 steps, 4 epochs x 4 minibatches, 64x64 MLPs), and their
+ratio `ppo_over_raw`. Craftax-Classic has a second PPO row with a recurrent network, as
+the Craftax paper's PPO-RNN baseline (`--network=gru`, GRU of 256 after a 256 torso, relu):
+the same sizes, its compile seconds apart.
 
 Then brax's own PPO trainer (`brax.training.agents.ppo.train`) and podracer
 on brax `fast` and `inverted_pendulum` (spring backend) with the same
@@ -13,13 +16,14 @@ podracer: rollout_len 64), alternated chunk by chunk in this one process
 (`brax_side_by_side`). Each side's steps/s is the median over the chunks.
 
     python bench/envs.py [--steps 262144] [--suites brax:fast navix:Navix-Empty-5x5-v0 ...]
-                         [--rounds 8] [--chunk-updates 8] [--no-brax-trainer]
+                         [--rounds 8] [--chunk-updates 8] [--no-brax-trainer] [--no-recurrent]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 import warnings
 
 import common  # noqa: F401  (puts the repository on sys.path)
@@ -37,6 +41,9 @@ from podracer.protocol import parallel
 NUM_ENVS, ROLLOUT, UPDATES_PER_CALL = 64, 64, 4
 SUITES = ("CartPole-v1", "brax:fast", "brax:inverted_pendulum", "jumanji:Snake-v1", "jumanji:PacMan-v1",
           "navix:Navix-Empty-5x5-v0", "craftax:Craftax-Classic-Symbolic-v1")
+CRAFTAX = "craftax:Craftax-Classic-Symbolic-v1"
+# The recurrent row's network: make_network's (hidden, activation, network).
+RECURRENT = ((256, 256), "relu", "gru")
 
 
 def env_sps(env_id: str, steps: int) -> float:
@@ -67,11 +74,15 @@ def env_sps(env_id: str, steps: int) -> float:
     return steps / common.timed(run, jax.random.PRNGKey(1))[1]
 
 
-def make_podracer_ppo(env_id: str, updates_per_call: int = UPDATES_PER_CALL):
-    """podracer's compiled Anakin PPO call on one device, and its runner after a first call."""
+def make_podracer_ppo(env_id: str, updates_per_call: int = UPDATES_PER_CALL, network=((64, 64), "tanh", "mlp")):
+    """podracer's compiled Anakin PPO call on one device, and its runner after a first call.
+
+    `network`: make_network's (hidden, activation, network kind).
+    """
     env = make_env(env_id)
-    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
-                           action_mask=env.spec.action_mask)
+    hidden, activation, kind = network
+    network = make_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, hidden, activation,
+                           kind, action_mask=env.spec.action_mask)
     config = AnakinConfig(num_envs=NUM_ENVS, rollout_len=ROLLOUT, updates_per_call=updates_per_call)
     optimizer = make_optimizer(OptimConfig(lr=3e-4), 1000)
     agent_for = fixed_agent(make_agent, network, optimizer, PPOConfig(epochs=4, minibatches=4), env.spec, ROLLOUT)
@@ -82,13 +93,16 @@ def make_podracer_ppo(env_id: str, updates_per_call: int = UPDATES_PER_CALL):
     return train, runner
 
 
-def ppo_sps(env_id: str, calls: int) -> float:
-    train, runner = make_podracer_ppo(env_id)
+def ppo_sps(env_id: str, calls: int, network=((64, 64), "tanh", "mlp")) -> tuple[float, float]:
+    """(median steps/s over `calls` calls, seconds to compile and make the first call)."""
+    start = time.perf_counter()
+    train, runner = make_podracer_ppo(env_id, network=network)
+    compile_s = time.perf_counter() - start
     times = []
     for _ in range(calls):
         (runner, _), seconds = common.timed(train, runner)
         times.append(seconds)
-    return NUM_ENVS * ROLLOUT * UPDATES_PER_CALL / statistics.median(times)
+    return NUM_ENVS * ROLLOUT * UPDATES_PER_CALL / statistics.median(times), compile_s
 
 
 def brax_trainer(agent: str = "ppo"):
@@ -156,28 +170,37 @@ def main() -> None:
     parser.add_argument("--chunk-updates", type=int, default=8, help="PPO updates per chunk")
     parser.add_argument("--suites", nargs="*", default=list(SUITES))
     parser.add_argument("--no-brax-trainer", action="store_true")
+    parser.add_argument("--no-recurrent", action="store_true", help="leave out Craftax's recurrent PPO row")
     args = parser.parse_args()
     rows, result = [], {}
-    for env_id in args.suites:
+    runs = [(env_id, "mlp") for env_id in args.suites]
+    if CRAFTAX in args.suites and not args.no_recurrent:
+        runs.append((CRAFTAX, RECURRENT[2]))
+    raws = {}
+    for env_id, kind in runs:
+        name = env_id if kind == "mlp" else f"{env_id} ({kind})"
         try:
-            raw, trained = env_sps(env_id, args.steps), ppo_sps(env_id, args.calls)
+            raw = raws[env_id] = raws.get(env_id) or env_sps(env_id, args.steps)
+            trained, compile_s = ppo_sps(env_id, args.calls, RECURRENT if kind != "mlp" else ((64, 64), "tanh", "mlp"))
         except Exception as err:  # a missing extra: say so in the table, go on
-            rows.append((env_id, f"skipped ({type(err).__name__}: {str(err)[:60]})", "", "", ""))
+            rows.append((name, f"skipped ({type(err).__name__}: {str(err)[:60]})", "", "", "", "", ""))
             continue
-        rows.append((env_id, f"{raw:,.0f}", f"{trained:,.0f}", "", ""))
-        result[env_id] = {"env_sps": raw, "ppo_sps": trained}
+        rows.append((name, f"{raw:,.0f}", f"{trained:,.0f}", f"{trained / raw:.2f}", f"{compile_s:.0f}", "", ""))
+        result[name] = {"raw_sps": raw, "ppo_sps": trained, "ppo_over_raw": trained / raw, "network": kind,
+                        "ppo_compile_s": compile_s}
         print(rows[-1], flush=True)
     if not args.no_brax_trainer:
         for name in ("fast", "inverted_pendulum"):
             theirs, ours = brax_side_by_side(name, args.rounds, args.chunk_updates)
-            rows.append((f"brax:{name}, alternated chunks", "", f"{ours:,.0f}", f"{theirs:,.0f}",
+            rows.append((f"brax:{name}, alternated chunks", "", f"{ours:,.0f}", "", "", f"{theirs:,.0f}",
                          f"{ours / theirs:.2f}"))
             result[f"brax_trainer:{name}"] = {"brax_ppo_sps": theirs, "podracer_ppo_sps": ours,
                                               "ratio": ours / theirs, "rounds": args.rounds,
                                               "updates_per_round": args.chunk_updates}
             print(rows[-1], flush=True)
     common.report(f"JAX suites on Anakin, {NUM_ENVS} envs", rows,
-                  ("env", "env_sps", "ppo_sps", "brax_trainer_ppo_sps", "podracer/brax"), result)
+                  ("env", "raw_sps", "ppo_sps", "ppo/raw", "ppo_compile_s", "brax_trainer_ppo_sps", "podracer/brax"),
+                  result)
 
 
 if __name__ == "__main__":

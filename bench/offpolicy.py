@@ -10,6 +10,9 @@ alternated with it in this process, its peer at the same settings:
   the whole flattened rollout where podracer shuffles each environment's steps,
   and ends the bootstrap at a time limit where podracer bootstraps from the
   final observation).
+- dqn on CartPole-v1, without a peer: `bench/peer_purejaxql.py` ports
+  purejaxql's PQN only, so no purejaxql DQN runs here at the same settings;
+  the row's peer fields are null and its `note` says why.
 
 `sps` is steady-state environment steps per second of training: podracer's
 compiled call (its preset's `updates_per_call` updates) and the peer compiled
@@ -24,9 +27,9 @@ null if the run never reaches it. Runs here are brief (`--steps` scales every
 row's length), so a score a row's full-length run reaches may stay null.
 
 To add a row, append a `Case` (its `peer` may be None: the peer columns are
-then null).
+then null, and its `note` says why).
 
-    python bench/offpolicy.py [--repeats 1] [--rounds 10] [--steps 1.0] [--only ENV]
+    python bench/offpolicy.py [--repeats 1] [--rounds 10] [--steps 1.0] [--only ALGO_OR_ENV]
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Case(NamedTuple):
     steps: int  # environment steps of a full bench run
     score: float  # the episode return `time_to_score_s` waits for
     peer: Peer | None = None
+    note: str | None = None  # why a row has no peer, or what else a reader must know
 
 
 def podracer_program(case: Case, seed: int, steps: int):
@@ -141,6 +145,8 @@ def purejaxql(config: dict) -> Peer:
 CASES: list[Case] = [
     Case("pqn", "CartPole-v1", 250_000, 475.0, purejaxql(peer_purejaxql.CARTPOLE)),
     Case("pqn", "Breakout-MinAtar", 2_000_000, 10.0, purejaxql(peer_purejaxql.MINATAR)),
+    Case("dqn", "CartPole-v1", 400_000, 475.0, None,
+         "no peer: bench/peer_purejaxql.py ports purejaxql's PQN only, not a DQN to run at the same settings"),
 ]
 
 
@@ -149,11 +155,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=1, help="alternating whole runs of each side")
     parser.add_argument("--rounds", type=int, default=10, help="alternating steady-state chunks of each side")
     parser.add_argument("--steps", type=float, default=1.0, help="scale every row's run length")
-    parser.add_argument("--only", default="", help="run only the rows whose env contains this")
+    parser.add_argument("--only", default="", help="run only the rows whose algo or env contains this")
     args = parser.parse_args()
     results, table = [], []
     fmt = lambda v: "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v)
-    for case in [c for c in CASES if args.only in c.env]:
+    for case in [c for c in CASES if args.only in c.env or args.only == c.algo]:
         steps = int(case.steps * args.steps)
         sps, peer_sps = steady_state(case, steps, args.rounds)
         ours, peers = [], []
@@ -169,7 +175,7 @@ def main():
                "compile_s": o.compile_s, "peer": case.peer and case.peer.name, "peer_sps": peer_sps,
                "peer_run_sps": p and p.sps, "peer_time_to_score_s": p and p.time_to_score_s,
                "peer_final_return": p and p.final_return, "peer_compile_s": p and p.compile_s,
-               "ratio_to_peer": peer_sps and sps / peer_sps}
+               "ratio_to_peer": peer_sps and sps / peer_sps, "note": case.note}
         results.append(row)
         table.append((case.algo, case.env, f"{steps:,}", fmt(sps), fmt(peer_sps), fmt(row["ratio_to_peer"]),
                       fmt(o.time_to_score_s), fmt(p and p.time_to_score_s), f"{case.score:g}",

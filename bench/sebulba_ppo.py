@@ -10,8 +10,9 @@ preset, in this one process:
   stepped with random actions and no policy.
 - inference ceiling: the actors' compiled work alone, one Python thread per
   actor thread: the agent's `act` step on batches of the same shape
-  (observations in, its packed output out, both copies included), and once
-  per trajectory its `prepare` (PPO's and IMPALA's behaviour values).
+  (observations in, its packed output out, both copies included, its
+  randomness drawn ahead as the actors draw it), and once per trajectory its
+  `prepare` (PPO's and IMPALA's behaviour values).
 - learner ceiling: the compiled learner step alone, on a fixed batch of the same
   shape on the same learner devices.
 - efficiency = sps / min(env ceiling, learner ceiling): the bound where actors
@@ -171,7 +172,7 @@ def inference_ceiling(configs, seconds: float) -> float:
     import jax
     import numpy as np
 
-    from podracer.sebulba.actor import make_acting
+    from podracer.sebulba.actor import Draws, make_acting
 
     sebulba = configs.sebulba
     layout, split = _layout(configs)
@@ -188,11 +189,12 @@ def inference_ceiling(configs, seconds: float) -> float:
     def act(index: int) -> None:
         device = split.actor[index // sebulba.actor_threads]
         on_device = jax.device_put(acting_state, device)
-        key = jax.device_put(jax.random.PRNGKey(index), device)
+        draws = Draws(acting, jax.device_put(jax.random.PRNGKey(index), device), sebulba.rollout_len,
+                      layout.env_batch)
         jax.block_until_ready(acting.prepare(on_device, trajectory))  # compiled before the count starts
         while not stop.is_set():
             for _ in range(calls_per_trajectory):
-                key, packed = acting.step(on_device, jax.device_put(obs, device), key, carry)
+                packed = acting.step(on_device, jax.device_put(obs, device), draws.next(), carry)
                 acting.unpack(np.asarray(packed))
                 counts[index] += layout.env_batch
             jax.block_until_ready(acting.prepare(on_device, trajectory))

@@ -43,6 +43,16 @@ class Policy(NamedTuple):
     deterministic: bool  # metadata.json's "deterministic"
 
 
+def keyed_act(act_fn: ActFn, params: Any) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """`act(obs [B, ...], key) -> actions` of `act_fn(params, obs, keys [B])`, each observation its own key:
+    what an algorithm's `load_policy` returns from a checkpoint's parameters."""
+
+    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
+        return act_fn(params, obs, jax.random.split(key, obs.shape[0]))[0]
+
+    return act
+
+
 def ppo_policy(train_state, apply_fn: Callable, ppo_config: PPOConfig,
                deterministic: bool = False, name: str = "ppo") -> Policy:
     """An actor-critic `TrainState`'s policy (`policy_act_fn`): a sampled action, or the most likely one.

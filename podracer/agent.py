@@ -157,10 +157,21 @@ class Agent(NamedTuple):
     episode's end within the rollout is for the agent to ignore (`prepare` masks it), so an ended
     episode restarts from the rollout's first state rather than drawing a new reset at every step.
     `None` (default): episodes run on across rollouts."""
+    learned_state: Callable[[Any], Any] = lambda state: state
+    """`learned_state(state) -> the part of it that learning computes`: what the architecture checks is
+    finite after every update, for the NaN guard (default: all of it). An agent with a replay buffer
+    leaves the buffer out: it holds what the environments answered, never a learned number, and reading
+    all of it after every update costs more than a small network's gradient step."""
     check_vma: bool = True
     """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
     for the check is run without it (mctx's search loops start from constants and carry per-device
     data); a test then proves one device and several train alike."""
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point leaf of `tree` is finite (a scalar bool): the NaN guard's reading."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+                              if jnp.issubdtype(x.dtype, jnp.inexact)] or [jnp.bool_(True)]))
 
 
 AgentFor = Callable[[dict, tuple], Agent]

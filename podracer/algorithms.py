@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from podracer import dqn, muzero, pqn, ppo, sac, vtrace
-from podracer.acting import Policy, RecurrentPolicy, ppo_policy
+from podracer.acting import RecurrentPolicy, ppo_policy
 from podracer.errors import PodracerError
 from podracer.networks import is_recurrent, make_network
 from podracer.normalize import RunningStats
@@ -105,22 +105,6 @@ def _q_network(spec, net):
     return dqn.make_q_network(spec.obs_shape, spec.action_dim, net.hidden, net.activation, spec.action_mask)
 
 
-def _pqn_policy(state, network, config, deterministic):
-    return Policy(pqn.make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic), state.params,
-                  "pqn", deterministic)
-
-
-def _load_pqn_policy(network, config, saved, deterministic: bool) -> Callable:
-    params = jax.tree.map(jnp.asarray, saved["params"])
-    act_batch = pqn.make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic)
-
-    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
-        """Greedy (`deterministic`) or epsilon-greedy actions, epsilon the run's final one, for obs [B, ...]."""
-        return act_batch(params, obs, jax.random.split(key, obs.shape[0]))[0]
-
-    return act
-
-
 _ACTOR_CRITIC_SWEEPABLE = ("ent_coef", "gamma", "vf_coef")
 _epochs_times_minibatches = lambda config: config.epochs * config.minibatches
 
@@ -142,7 +126,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         dqn.policy, dqn.load_policy, ("epsilon_end", "gamma", "tau"), dqn.DQN_FIX, actions=("discrete",)),
     "pqn": Algorithm(
         "pqn", pqn.PQNConfig, ("anakin", "sebulba"), lambda spec, net: pqn.make_q_network(spec, net), pqn.make_agent,
-        _epochs_times_minibatches, _pqn_policy, _load_pqn_policy,
+        _epochs_times_minibatches, pqn.policy, pqn.load_policy,
         ("epsilon_decay_fraction", "epsilon_end", "epsilon_start", "gamma", "q_lambda", "reward_scale"),
         pqn.PQN_FIX,
         actions=("discrete",), settle=pqn.with_run_updates),

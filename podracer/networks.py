@@ -64,7 +64,8 @@ def _dot_general(x, kernel, dimension_numbers, precision=None):
     return _matmul(x, kernel)
 
 
-def _dense(features: int, scale: float) -> nn.Dense:
+def dense(features: int, scale: float) -> nn.Dense:
+    """`nn.Dense` with an orthogonal kernel of gain `scale`, zero bias, and `_matmul`'s CPU-friendly gradient."""
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
                     bias_init=nn.initializers.zeros, dot_general=_dot_general)
 
@@ -77,7 +78,7 @@ class MLP(nn.Module):
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
         for width in self.hidden:
-            x = act(_dense(width, np.sqrt(2))(x))
+            x = act(dense(width, np.sqrt(2))(x))
         return x
 
 
@@ -89,7 +90,7 @@ class PolicyHead(nn.Module):
 
     @nn.compact
     def __call__(self, x, legal=None):
-        out = _dense(self.action_dim, 0.01)(x)
+        out = dense(self.action_dim, 0.01)(x)
         if self.discrete:
             return Categorical(logits=out if legal is None else masked_logits(out, legal))
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
@@ -108,13 +109,13 @@ class MLPActorCritic(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        x, legal = _split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
+        x, legal = split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
         dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden, self.activation)(x), legal)
-        value = _dense(1, 1.0)(MLP(self.hidden, self.activation)(x))[..., 0]
+        value = dense(1, 1.0)(MLP(self.hidden, self.activation)(x))[..., 0]
         return dist, value
 
 
-def _split_mask(obs, obs_rank: int, mask_dim: int):
+def split_mask(obs, obs_rank: int, mask_dim: int):
     """Flattened float features, and the legal-action mask from the last `mask_dim` of them (or None)."""
     x = obs.reshape(obs.shape[: obs.ndim - obs_rank] + (-1,)).astype(jnp.float32)
     if not mask_dim:
@@ -136,7 +137,7 @@ class NatureCNN(nn.Module):
             x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID",
                                 kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         x = x.reshape(x.shape[:-3] + (-1,))
-        return nn.relu(_dense(512, np.sqrt(2))(x))
+        return nn.relu(dense(512, np.sqrt(2))(x))
 
 
 class CNNActorCritic(nn.Module):
@@ -149,7 +150,7 @@ class CNNActorCritic(nn.Module):
     def __call__(self, frames):
         hidden = NatureCNN(self.channels_last)(frames)
         dist = PolicyHead(self.action_dim, discrete=True)(hidden)
-        value = _dense(1, 1.0)(hidden)[..., 0]
+        value = dense(1, 1.0)(hidden)[..., 0]
         return dist, value
 
 
@@ -204,11 +205,11 @@ class RecurrentActorCritic(nn.Module):
             x = NatureCNN(self.channels_last)(obs)
         else:
             x = obs.reshape(lead + (-1,)).astype(jnp.float32)
-            x = ACTIVATIONS[self.activation](_dense(self.hidden[0], np.sqrt(2))(x))
+            x = ACTIVATIONS[self.activation](dense(self.hidden[0], np.sqrt(2))(x))
         core = nn.scan(_Core, variable_broadcast="params", split_rngs={"params": False})
         carry, h = core(self.cell, self.core_size, name="core")(carry, (x, reset))
         dist = PolicyHead(self.action_dim, self.discrete)(MLP(self.hidden[1:], self.activation)(h))
-        value = _dense(1, 1.0)(MLP(self.hidden[1:], self.activation)(h))[..., 0]
+        value = dense(1, 1.0)(MLP(self.hidden[1:], self.activation)(h))[..., 0]
         return (dist, value), carry
 
 
@@ -279,8 +280,8 @@ class MLPPolicy(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        x, legal = _split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
-        out = _dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(x))
+        x, legal = split_mask(obs, self.obs_rank, self.action_dim if self.action_mask else 0)
+        out = dense(self.action_dim, 0.01)(MLP(self.hidden, self.activation)(x))
         if legal is not None:
             out = masked_logits(out, legal)
         return jnp.argmax(out, axis=-1) if self.discrete else out
@@ -341,7 +342,7 @@ def apply_antithetic(module: nn.Module, mean, noise, scale, obs: jax.Array) -> j
     """
     used = set()
 
-    def dense(next_fun, args, kwargs, context):
+    def paired_dense(next_fun, args, kwargs, context):
         layer = context.module
         if not (isinstance(layer, nn.Dense) and context.method_name == "__call__"):
             return next_fun(*args, **kwargs)
@@ -358,7 +359,7 @@ def apply_antithetic(module: nn.Module, mean, noise, scale, obs: jax.Array) -> j
             y = y + layer.get_variable("params", "bias") + sign * (scale * layer_noise["bias"])
         return y
 
-    with nn.intercept_methods(dense):
+    with nn.intercept_methods(paired_dense):
         out = module.apply(mean, obs)
     owners = {tuple(str(k.key) for k in path[:-1])
               for path, _ in jax.tree_util.tree_flatten_with_path(mean["params"])[0]}

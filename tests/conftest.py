@@ -40,6 +40,24 @@ def wait_for(predicate, timeout_s: float, poll_s: float = 0.01) -> bool:
     return False
 
 
+def kill_at_first_checkpoint(argv, run_dir, timeout_s: float = 180) -> int:
+    """Start `launch/tpu.py ARGV` and SIGKILL it as soon as its first checkpoint in `run_dir` is complete
+    (mid-run, for a run of many saves); returns the env steps of its last complete checkpoint."""
+    import subprocess
+
+    from podracer.session.checkpoint import checkpoint_steps
+
+    proc = subprocess.Popen([PYTHON, LAUNCHER, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    try:
+        appeared = wait_for(lambda: checkpoint_steps(str(run_dir)), timeout_s)
+    finally:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=60)
+    assert appeared, "no checkpoint appeared: " + stderr[-3000:]
+    return checkpoint_steps(str(run_dir))[-1]
+
+
 @pytest.fixture(scope="module")
 def gcs_emulator(tmp_path_factory):
     """A local Cloud Storage emulator (`gcs_emulator.Emulator`) for one test module.

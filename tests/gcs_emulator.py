@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -74,16 +73,12 @@ class Emulator(NamedTuple):
         return self.client().create_bucket(name)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @contextlib.contextmanager
 def running_emulator(log_dir: str | os.PathLike) -> Iterator[Emulator]:
     """A fresh, empty emulator on a free port for the block; its requests logged in `log_dir`."""
-    port = _free_port()
+    from podracer.orchestrate.distributed import free_port   # the emulator's own process needs no podracer
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(log_dir) / "requests.log"
     with open(log_path, "w") as log:  # a pipe left unread would fill

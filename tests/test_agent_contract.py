@@ -111,3 +111,23 @@ def test_a_population_of_the_new_agent_is_its_program_vmapped_with_each_agents_s
         agent1 = jax.tree.map(lambda x: x[1], runner.train)
         for a, b in zip(_leaves(expected.train), _leaves(agent1)):
             np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
+def _with_memory(agent: Agent) -> Agent:
+    """`agent` whose state also keeps a NaN-filled array that learning never writes (as a replay buffer of
+    what the environments answered), left out of its `learned_state`."""
+    return agent._replace(
+        init=lambda key: (agent.init(key), jnp.full(3, jnp.nan)),
+        act=lambda state, *args: agent.act(state[0], *args),
+        prepare=lambda state, rollout: agent.prepare(state[0], rollout),
+        learn=lambda state, *args: (lambda out: ((out[0], state[1]), out[1]))(agent.learn(state[0], *args)),
+        learned_state=lambda state: state[0])
+
+
+def test_the_nan_guard_reads_the_learned_state_and_catches_diverged_parameters():
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    for lr, finite in ((0.1, True), (float("nan"), False)):
+        programs = make_programs(ENV, lambda h, axes: _with_memory(make_pg_agent(
+            NETWORK, optax.sgd(lr), 0.9, ENV.spec, CONFIG.rollout_len, axes)), CONFIG, mesh)
+        _, metrics = programs.train(programs.init(jax.random.PRNGKey(1)))
+        assert np.asarray(metrics["params_finite"]).tolist() == [finite] * CONFIG.updates_per_call

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import LAUNCHER, PYTHON, wait_for
+from conftest import LAUNCHER, PYTHON, kill_at_first_checkpoint
 from podracer import dqn
 from podracer.envs.jax_envs import make_env
 from podracer.anakin.loop import AnakinConfig, make_programs
@@ -93,14 +93,7 @@ def test_a_killed_run_resumes_bitwise_with_its_replay_buffer(tmp_path):
     result = _launch([*run, f"--run-dir={tmp_path / 'reference'}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([PYTHON, LAUNCHER, "--arch=anakin", "--algo=dqn", *run, f"--run-dir={run_dir}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert wait_for(lambda: checkpoint_steps(str(run_dir)), 180), "no checkpoint appeared"
-    finally:
-        proc.kill()
-        proc.communicate(timeout=60)
-    killed_at = checkpoint_steps(str(run_dir))[-1]
+    killed_at = kill_at_first_checkpoint(["--arch=anakin", "--algo=dqn", *run, f"--run-dir={run_dir}"], run_dir)
     assert killed_at < 20480, "the kill came after the run's end"
     result = _launch([*run, f"--run-dir={run_dir}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

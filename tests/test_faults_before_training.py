@@ -6,14 +6,13 @@ no compilation, no run directory, `runs/latest` untouched.
 """
 
 import os
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from conftest import LAUNCHER, PYTHON, REPO_ROOT
+from podracer.orchestrate.distributed import free_port
 
 RUN = ["--num-envs=16", "--rollout-len=16", "--updates-per-call=1", "--total-steps=4096"]
 
@@ -124,16 +123,11 @@ def test_a_value_repeated_in_one_of_paired_sweeps_is_not_a_repeated_setting(caps
     assert code == 0, capsys.readouterr().err
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.mark.parametrize("process_id", [1, 0], ids=["coordinator-silent", "peers-missing"])
 def test_a_process_that_cannot_join_stops_after_the_join_timeout(process_id, tmp_path):
     # Process 1 finds no coordinator at the address; process 0 is the coordinator, and nobody joins it.
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     result = _launch([*RUN, f"--coordinator={address}", f"--process-id={process_id}", "--num-processes=2",
                       "--join-timeout-s=2", f"--run-dir={tmp_path / 'run'}"], tmp_path, timeout=60)

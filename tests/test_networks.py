@@ -28,7 +28,7 @@ def test_kernel_gradients_match_plain_dense(monkeypatch, batch_shape):
         return jnp.sum(jnp.tanh(dist.logits) * jnp.arange(1.0, 3.0)) + jnp.sum((value - target) ** 2)
 
     ours = jax.jit(jax.value_and_grad(loss))(params)
-    monkeypatch.setattr(networks, "_dense", _plain_dense)
+    monkeypatch.setattr(networks, "dense", _plain_dense)
     plain = jax.jit(jax.value_and_grad(loss))(params)
     np.testing.assert_allclose(ours[0], plain[0], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(ours[1]), jax.tree.leaves(plain[1])):

@@ -58,8 +58,8 @@ def test_epsilon_falls_linearly_over_its_fraction_of_the_run_then_stays():
 def test_the_schedule_spans_the_updates_the_run_trains_unless_given():
     run = ["--algo=pqn", "--num-envs=32", "--rollout-len=64", "--updates-per-call=8", "--total-steps=100000"]
     # 16,384 steps a call: 7 whole calls, 56 updates (as Anakin's driver counts them).
-    assert parse_configs(run)["pqn"].schedule_updates == 56
-    assert parse_configs([*run, "--schedule-updates=10"])["pqn"].schedule_updates == 10
+    assert parse_configs(run).agent.schedule_updates == 56
+    assert parse_configs([*run, "--schedule-updates=10"]).agent.schedule_updates == 10
 
 
 def test_epsilon_greedy_acts_and_scores_its_choices():
@@ -68,6 +68,24 @@ def test_epsilon_greedy_acts_and_scores_its_choices():
     np.testing.assert_array_equal(action, [1, 2])  # greedy above epsilon, the random action below
     np.testing.assert_allclose(np.exp(pqn.epsilon_greedy_log_prob(q, action, jnp.asarray(0.2))),
                                [0.8 + 0.2 / 3, 0.2 / 3], rtol=1e-6)
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_the_truncation_bootstrap_evaluates_the_truncated_rows_final_observations(twice):
+    from podracer.agent import Trajectory
+    from podracer.pqn.agent import truncated_q_max
+
+    # 6 steps of 3 environments: env 0 truncated at row 2, env 1 never, env 2 at row 5 (and at row 1 too, `twice`).
+    truncated = np.zeros((6, 3), bool)
+    truncated[2, 0] = truncated[5, 2] = True
+    truncated[1, 2] = twice
+    final_obs = jax.random.normal(jax.random.PRNGKey(0), (6, 3, 4))
+    q_max = lambda params, obs: jnp.sum(obs * params, axis=-1)  # any function of each observation alone
+    params = jnp.asarray([1.0, -2.0, 3.0, 0.5])
+    rollout = Trajectory(None, None, None, None, jnp.asarray(truncated), final_obs, None, None, None, None)
+    got = truncated_q_max(q_max, params, rollout)
+    expected = q_max(params, final_obs)
+    np.testing.assert_allclose(np.asarray(got)[truncated], np.asarray(expected)[truncated], rtol=1e-6)
 
 
 ENV = make_env("CartPole-v1")

@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import LAUNCHER, PYTHON, wait_for
+from conftest import LAUNCHER, PYTHON, kill_at_first_checkpoint
 from podracer.session.checkpoint import checkpoint_steps, restore_on_host
 
 import jax
@@ -78,14 +78,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     reference = _launch(*RESUME, f"--run-dir={tmp_path / 'reference'}", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-3000:]
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen([PYTHON, LAUNCHER, *RESUME, f"--run-dir={run_dir}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert wait_for(lambda: checkpoint_steps(str(run_dir)), 180), "no checkpoint appeared"
-    finally:
-        proc.kill()
-        proc.communicate(timeout=60)
-    killed_at = checkpoint_steps(str(run_dir))[-1]
+    killed_at = kill_at_first_checkpoint([*RESUME, f"--run-dir={run_dir}"], run_dir)
     assert killed_at < 30720
     resumed = _launch(*RESUME, f"--run-dir={run_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -108,13 +101,20 @@ def test_bad_input_is_one_line_and_exit_2(flags, says, tmp_path):
 
 
 def test_sebulba_learns_cartpole_where_a_zero_learning_rate_cannot(tmp_path):
-    # Envpool's CartPole on host threads, the actors acting with the learner's published parameters.
-    result = _launch("--arch=sebulba", "--algo=pqn", f"--run-dir={tmp_path / 'run'}", cwd=tmp_path)
+    # Envpool's CartPole on host threads, the actors acting with the learner's published parameters,
+    # in lock step: the same run every time (asynchronous actors made one run end at 288, another at 500).
+    # PQN has no target network, and a run can reach 500 and then fall: of seeds 0-7 in lock step,
+    # seed 2 held 500 for 26 intervals and ended at 154, seed 4 peaked at 467. The mean over the
+    # second half of the intervals read 500, 500, 392, 500, 341, 487, 497, 487; the lr=0 control
+    # stays near 23.
+    result = _launch("--arch=sebulba", "--algo=pqn", "--synchronous", f"--run-dir={tmp_path / 'run'}",
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["episode_return_mean"] < 100
-    assert _summary(tmp_path / "run")["episode_return_mean"] >= 400, [r["episode_return_mean"] for r in rows]
-    control = _launch("--arch=sebulba", "--algo=pqn", "--lr=0", "--total-steps=65536",
+    returns = [row["episode_return_mean"] for row in rows]
+    assert returns[0] < 100
+    assert np.mean(returns[len(returns) // 2:]) >= 300, returns
+    control = _launch("--arch=sebulba", "--algo=pqn", "--synchronous", "--lr=0", "--total-steps=65536",
                       f"--run-dir={tmp_path / 'control'}", cwd=tmp_path)
     assert control.returncode == 0, control.stderr[-3000:]
     assert _summary(tmp_path / "control")["episode_return_mean"] < 100

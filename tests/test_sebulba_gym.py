@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from podracer.config import NetworkConfig, OptimConfig, RunConfig
+from podracer.orchestrate.spec import RunSpec
 from podracer.errors import PodracerError
 from podracer.ppo import PPOConfig
 from podracer.sebulba import SebulbaConfig, train_ppo
@@ -75,8 +76,8 @@ def make_tempting(num_envs):
 
 def _train(run_dir, env, total_steps, lr=1e-3, **sebulba):
     run = RunConfig(arch="sebulba", env=env, total_steps=total_steps, run_dir=str(run_dir))
-    summary, _ = train_ppo({"run": run, "ppo": PPOConfig(), "sebulba": SebulbaConfig(**sebulba),
-                            "optimizer": OptimConfig(lr=lr), "network": NetworkConfig()},
+    summary, _ = train_ppo(RunSpec(run=run, agent=PPOConfig(), sebulba=SebulbaConfig(**sebulba),
+                                   optimizer=OptimConfig(lr=lr), network=NetworkConfig()),
                            devices=jax.devices()[:2])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return summary, rows

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import LAUNCHER, PYTHON, REPO_ROOT
 from podracer.config import NetworkConfig, OptimConfig, RunConfig
+from podracer.orchestrate.spec import RunSpec
 from podracer.ppo import PPOConfig
 from podracer.sebulba.config import SebulbaConfig
 from podracer.sebulba import train as sebulba_train
@@ -129,8 +130,8 @@ def test_actor_failure_in_process_stops_every_thread(tmp_path, monkeypatch):
     config = SebulbaConfig(num_envs=12, rollout_len=16, actor_threads=2)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="environment exploded"):
-        sebulba_train.train_ppo({"run": run, "ppo": PPOConfig(), "sebulba": config,
-                                 "optimizer": OptimConfig(), "network": NetworkConfig()},
+        sebulba_train.train_ppo(RunSpec(run=run, agent=PPOConfig(), sebulba=config,
+                                        optimizer=OptimConfig(), network=NetworkConfig()),
                                 devices=jax.devices()[:4])
     assert time.monotonic() - start < 60
     assert _sebulba_threads() == []

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from podracer.config import NetworkConfig, OptimConfig, RunConfig
+from podracer.orchestrate.spec import RunSpec
 from podracer.ppo import PPOConfig
 from podracer.sebulba import SebulbaConfig, train_ppo
 
@@ -16,8 +17,8 @@ NOT_TIMING = ("sps", "wall_s")
 def _train(run_dir, devices, env="CartPole-v1", seed=0, total_steps=3000, ppo=PPOConfig(),
            optim=OptimConfig(lr=1e-3), **sebulba):
     run = RunConfig(arch="sebulba", env=env, seed=seed, total_steps=total_steps, run_dir=str(run_dir))
-    summary, state = train_ppo({"run": run, "ppo": ppo, "sebulba": SebulbaConfig(**sebulba),
-                                "optimizer": optim, "network": NetworkConfig()}, devices=devices)
+    summary, state = train_ppo(RunSpec(run=run, agent=ppo, sebulba=SebulbaConfig(**sebulba),
+                                       optimizer=optim, network=NetworkConfig()), devices=devices)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return summary, state, rows
 

@@ -101,6 +101,44 @@ def test_jumanji_matches_jumanji_step():
     assert ends["terminated"] >= 1  # the snake hits a wall or itself
 
 
+def test_jumanji_pacman_observation_leaves_out_only_what_never_changes():
+    pytest.importorskip("jumanji")
+    import jumanji
+
+    env = make_env("jumanji:PacMan-v1")
+    lib = jumanji.make("PacMan-v1")
+
+    def lib_obs(o):  # the fields in sorted order, no maze, one flag per pellet, then the mask
+        return jnp.concatenate([
+            jnp.ravel(o.frightened_state_time), jnp.ravel(o.ghost_locations), jnp.any(o.pellet_locations != 0, -1),
+            jnp.ravel(o.player_locations.x), jnp.ravel(o.player_locations.y), jnp.ravel(o.power_up_locations),
+            jnp.ravel(o.score), o.action_mask]).astype(jnp.float32)
+
+    def lib_step(key, state, action):
+        state, ts = lib.step(state, action)
+        last = ts.last()
+        return state, ts.observation, ts.reward, last & (ts.discount == 0), last & (ts.discount != 0)
+
+    assert env.spec.obs_shape == (343,) and env.spec.action_mask
+    actions = np.random.default_rng(0).integers(0, 5, STEPS)
+    _compare(env, lambda k: (lambda s, t: (s, t.observation))(*lib.reset(k)), lib_step, lib_obs, actions)
+
+    # What the adapter leaves out never changes: the maze in every episode and step, and
+    # each pellet's place, which the library zeroes once eaten (so its flag says it all).
+    def observations(key):
+        state, ts = lib.reset(key)
+        step = lambda state, action: (lambda s, t: (s, t.observation))(*lib.step(state, action))
+        return jax.lax.scan(step, state, jnp.asarray(actions))[1]
+
+    first = jax.jit(lib.reset)(jax.random.PRNGKey(0))[1].observation
+    for seed in (1, 2):
+        seen = jax.jit(observations)(jax.random.PRNGKey(seed))
+        np.testing.assert_array_equal(seen.grid, np.broadcast_to(first.grid, seen.grid.shape))
+        left = np.any(np.asarray(seen.pellet_locations) != 0, axis=-1)
+        assert (~left).any()  # pellets were eaten, so the flags were put to the test
+        np.testing.assert_array_equal(seen.pellet_locations, left[..., None] * np.asarray(first.pellet_locations))
+
+
 def test_craftax_matches_craftax_step():
     pytest.importorskip("craftax")
     from craftax.craftax_env import make_craftax_env_from_name

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.agent import Agent, AgentFor, Trajectory, first_episode
+from podracer.agent import Agent, AgentFor, Trajectory, all_finite, first_episode
 from podracer.protocol import parallel
 from podracer.envs.jax_envs import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
@@ -231,8 +231,7 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
         state, metrics = agent.learn(state, experience.batch, experience.bootstrap_value,
                                      experience.update_key, experience.carry)
         # For the NaN guard: checked on the host before anything is saved.
-        metrics["params_finite"] = jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]))
+        metrics["params_finite"] = all_finite(agent.learned_state(state))
         metrics.update(experience.episodes)
         return state, metrics
 

@@ -7,9 +7,9 @@
 
 from podracer.dqn.agent import example_transition, load_policy, make_act, make_agent, policy
 from podracer.dqn.config import DQN_FIX, DQNConfig
-from podracer.dqn.network import QNetwork, make_q_network
 from podracer.dqn.targets import NStep, double_q_targets, nstep_transitions, td_loss
 from podracer.dqn.update import DQNState, epsilon, init_state, make_loss, make_update, target_update
+from podracer.qnetwork import QNetwork, make_q_network
 
 __all__ = [
     "DQNConfig",

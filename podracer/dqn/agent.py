@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import optax
 
 from podracer import replay
-from podracer.acting import Policy
+from podracer.acting import Policy, keyed_act
 from podracer.agent import Agent, Rollout, Trajectory
 from podracer.dqn.config import DQNConfig
-from podracer.dqn.network import epsilon_greedy_log_prob, greedy_or_random
 from podracer.dqn.targets import NStep, nstep_transitions
 from podracer.dqn.update import epsilon, init_state, make_update
 from podracer.networks import init_params
+from podracer.qnetwork import act_epsilon_greedy, make_epsilon_act
 
 
 def example_transition(spec: Any) -> NStep:
@@ -31,18 +31,18 @@ def example_transition(spec: Any) -> NStep:
 
 
 def make_act(q_fn: Callable) -> Callable:
-    """`act(params, obs [N, ...], keys [N], epsilon) -> actions [N]`, epsilon-greedy (0: greedy)."""
+    """`act(params, obs [N, ...], keys [N], epsilon) -> actions [N]`, epsilon-greedy (0: greedy) among the
+    legal actions."""
 
     def act(params, obs, keys, eps):
-        q = q_fn(params, obs)
-        return jax.vmap(greedy_or_random, in_axes=(0, None, 0))(q, eps, keys)
+        return act_epsilon_greedy(q_fn(params, obs), eps, keys, legal_only=True)
 
     return act
 
 
 def make_agent(network, optimizer: optax.GradientTransformation, config: DQNConfig, spec: Any, rollout_len: int,
                axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
-    """DQN on a Q-network (`podracer.dqn.network.make_q_network`) as an `Agent`, for discrete actions."""
+    """DQN on a Q-network (`podracer.qnetwork.make_q_network`) as an `Agent`, for discrete actions."""
     axes = tuple(axis_names)
     update = make_update(network.apply, optimizer, config, axes)
     act_batch = make_act(network.apply)
@@ -63,34 +63,21 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: DQNConf
     def learn(state, transitions, bootstrap, key, carry):
         return update(state, replay.gather_rollout(transitions, axes), key)
 
+    # The NaN guard reads what learning computes, not the buffer of what the environments answered.
     return Agent(init, act, prepare, learn, Rollout(rollout_len), draw=lambda key: key,
-                 initial_carry=lambda num_envs: ())
+                 initial_carry=lambda num_envs: (), learned_state=lambda state: state._replace(buffer=()))
 
 
-def _policy_act_fn(q_fn: Callable, config: DQNConfig, deterministic: bool) -> Callable:
-    """`act_fn(params, obs, keys) -> (action, log_prob)`: greedy, or epsilon-greedy at `epsilon_end`; the
-    log-probability is the epsilon-greedy policy's either way."""
-    act = make_act(q_fn)
-
-    def act_fn(params, obs, keys):
-        action = act(params, obs, keys, 0.0 if deterministic else config.epsilon_end)
-        return action, epsilon_greedy_log_prob(q_fn(params, obs), action, config.epsilon_end)
-
-    return act_fn
+def _policy_act_fn(network, config: DQNConfig, deterministic: bool) -> Callable:
+    """Greedy, or epsilon-greedy at `epsilon_end`; the log-probability is the epsilon-greedy policy's either way."""
+    return make_epsilon_act(network.apply, config.epsilon_end, greedy=deterministic, legal_only=True)
 
 
 def policy(state, network, config: DQNConfig, deterministic: bool) -> Policy:
     """A trained state's policy, to record a dataset with."""
-    return Policy(_policy_act_fn(network.apply, config, deterministic), state.params, "dqn", deterministic)
+    return Policy(_policy_act_fn(network, config, deterministic), state.params, "dqn", deterministic)
 
 
 def load_policy(network, config: DQNConfig, saved: dict, deterministic: bool) -> Callable:
     """`act(obs, key) -> actions` from a checkpoint's agent state (its online network)."""
-    params = jax.tree.map(jnp.asarray, saved["params"])
-    act_fn = _policy_act_fn(network.apply, config, deterministic)
-
-    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
-        """Actions for a batch of observations [B, ...]."""
-        return act_fn(params, obs, jax.random.split(key, obs.shape[0]))[0]
-
-    return act
+    return keyed_act(_policy_act_fn(network, config, deterministic), jax.tree.map(jnp.asarray, saved["params"]))

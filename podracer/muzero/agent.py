@@ -90,4 +90,5 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: MuZeroC
     # Acting reads the parameters alone: the replay, the target network and the optimizer stay with learning.
     acting_state = lambda state: state._replace(target_params=(), opt_state=(), buffer=())
     return Agent(init, act, prepare, learn, Rollout(rollout_len), draw=lambda key: key,
-                 initial_carry=lambda num_envs: (), acting_state=acting_state, check_vma=False)
+                 initial_carry=lambda num_envs: (), acting_state=acting_state,
+                 learned_state=lambda state: state._replace(buffer=()), check_vma=False)

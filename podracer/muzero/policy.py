@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from podracer.acting import Policy
+from podracer.acting import Policy, keyed_act
 from podracer.errors import PodracerError
 from podracer.muzero.agent import sized_network
 from podracer.muzero.config import MuZeroConfig
@@ -42,11 +42,4 @@ def policy(state, network, config: MuZeroConfig, deterministic: bool) -> Policy:
 
 def load_policy(network, config: MuZeroConfig, saved: dict, deterministic: bool) -> Callable:
     """`act(obs, key) -> actions` searching with a checkpoint's parameters (`saved`: its agent state)."""
-    params = jax.tree.map(jnp.asarray, saved["params"])
-    act_fn = _search_act(network, config, deterministic)
-
-    def act(obs: jax.Array, key: jax.Array) -> jax.Array:
-        """Actions for a batch of observations [B, ...], each searched from its own key."""
-        return act_fn(params, obs, jax.random.split(key, obs.shape[0]))[0]
-
-    return act
+    return keyed_act(_search_act(network, config, deterministic), jax.tree.map(jnp.asarray, saved["params"]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -135,9 +136,31 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+    """A TCP port free now on every interface, for a coordinator that binds it later.
+
+    Drawn below the kernel's ephemeral range: a port there is never handed to an
+    outgoing connection, which could otherwise take it in the seconds between this
+    choice and the coordinator's bind (its gRPC server then fails to start)."""
+    lowest_ephemeral = _lowest_ephemeral_port()
+    draw = random.Random()
+    for _ in range(200 if lowest_ephemeral > 11_000 else 0):
+        port = draw.randrange(10_000, lowest_ephemeral)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:   # every draw taken: let the kernel choose
+        sock.bind(("", 0))
         return sock.getsockname()[1]
+
+
+def _lowest_ephemeral_port() -> int:
+    try:   # Linux; elsewhere the IANA range's start, what macOS and Windows use
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def spawn_local(argv: Sequence[str], num_processes: int) -> int:

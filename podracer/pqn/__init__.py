@@ -8,11 +8,13 @@
 epsilon-greedy acting for the architectures (`podracer.agent`).
 """
 
-from podracer.pqn.agent import epsilon_of, make_agent, make_epsilon_act
+from podracer.pqn.agent import epsilon_of, make_agent
 from podracer.pqn.config import PQN_FIX, PQNConfig, with_run_updates
-from podracer.pqn.network import QNetwork, make_q_network
-from podracer.pqn.targets import epsilon_at, epsilon_greedy, epsilon_greedy_log_prob, q_lambda_targets
+from podracer.pqn.network import make_q_network
+from podracer.pqn.policy import load_policy, policy
+from podracer.pqn.targets import epsilon_at, q_lambda_targets
 from podracer.pqn.update import QTransition, make_update, next_q_max
+from podracer.qnetwork import QNetwork, epsilon_greedy, epsilon_greedy_log_prob, make_epsilon_act
 from podracer.types import TrainState
 
 __all__ = [
@@ -28,8 +30,10 @@ __all__ = [
     "make_agent",
     "make_epsilon_act",
     "make_q_network",
+    "load_policy",
     "make_update",
     "next_q_max",
+    "policy",
     "q_lambda_targets",
     "with_run_updates",
 ]

@@ -11,9 +11,10 @@ import optax
 from podracer.agent import Agent, Rollout, Trajectory
 from podracer.networks import init_params
 from podracer.pqn.config import PQNConfig
-from podracer.pqn.targets import epsilon_at, epsilon_greedy, epsilon_greedy_log_prob
+from podracer.pqn.targets import epsilon_at
 from podracer.pqn.update import QTransition, make_update
 from podracer.ppo.update import init_train_state
+from podracer.qnetwork import draw_exploration, epsilon_greedy
 
 
 def epsilon_of(config: PQNConfig, update: jax.Array) -> jax.Array:
@@ -25,42 +26,42 @@ def epsilon_of(config: PQNConfig, update: jax.Array) -> jax.Array:
                       config.epsilon_decay_fraction * config.schedule_updates)
 
 
-def draw_exploration(key: jax.Array, num_actions: int) -> tuple[jax.Array, jax.Array]:
-    """One environment's exploration draw: a uniform number (explore below epsilon) and a random action."""
-    uniform_key, action_key = jax.random.split(key)
-    return jax.random.uniform(uniform_key), jax.random.randint(action_key, (), 0, num_actions)
+def truncated_q_max(q_max: Callable, params, rollout: Trajectory) -> jax.Array:
+    """[T, B]: max-Q of the final observation of every truncated row (`QTransition.final_q_max`; the values
+    of other rows are never read).
 
-
-def make_epsilon_act(apply_fn: Callable, epsilon: float, greedy: bool = False) -> Callable:
-    """`act_fn(params, obs [B, ...], keys [B, 2]) -> (action, log_prob)`: a trained Q-network's policy.
-
-    Epsilon-greedy with `epsilon`, or with `greedy` the argmax; either way the
-    log-probability is that of the epsilon-greedy choice (what a recorded
-    dataset keeps, as PPO's keeps its stochastic policy's beside a mode).
+    A time limit no shorter than the rollout truncates each environment at
+    most once in it, so only one final observation per environment is
+    evaluated, that of its first truncation (B observations, not T x B);
+    where an environment was truncated more than once, every row is.
     """
+    final_obs, truncated = rollout.final_obs, rollout.truncated
+    num_steps, num_envs = truncated.shape
 
-    def act_fn(params, obs, keys):
-        q = apply_fn(params, obs)
-        if greedy:
-            action = jnp.argmax(q, axis=-1).astype(jnp.int32)
-        else:
-            uniform, random_action = jax.vmap(lambda k: draw_exploration(k, q.shape[-1]))(keys)
-            action = epsilon_greedy(q, epsilon, uniform, random_action)
-        return action, epsilon_greedy_log_prob(q, action, jnp.asarray(epsilon, q.dtype))
+    def first_truncations(_):
+        first = jnp.argmax(truncated, axis=0)  # [B]; 0 where never truncated (that row is not read)
+        index = first.reshape((1, num_envs) + (1,) * (final_obs.ndim - 2))
+        q = q_max(params, jnp.take_along_axis(final_obs, index, axis=0)[0])
+        return jnp.where(jnp.arange(num_steps)[:, None] == first, q, 0.0)
 
-    return act_fn
+    def every_row(_):
+        flat = final_obs.reshape((num_steps * num_envs,) + final_obs.shape[2:])
+        return q_max(params, flat).reshape(num_steps, num_envs)
+
+    at_most_once = jnp.all(jnp.sum(truncated, axis=0) <= 1)
+    return jax.lax.cond(at_most_once, first_truncations, every_row, None)
 
 
 def make_agent(network, optimizer: optax.GradientTransformation, config: PQNConfig, spec: Any,
                rollout_len: int, axis_names: Sequence[str] = (), *, num_envs: int | None = None) -> Agent:
-    """PQN on a Q-network (`podracer.pqn.QNetwork`) as an `Agent`.
+    """PQN on a Q-network (`podracer.pqn.make_q_network`: a layer-normed `podracer.qnetwork.QNetwork`) as an `Agent`.
 
     Acting is epsilon-greedy, epsilon read off the state's update counter
     (`epsilon_of`), so a population's agents and a resumed run act as one run
     would; the random draws are made ahead of the rollout. `act` hands out the
     max-Q of each observation (computed there for the greedy action anyway);
-    `prepare` adds, in one batch each, that of the observations that ended
-    episodes and of the one after the rollout; `learn` is `make_update`'s.
+    `prepare` adds that of the final observations of truncated episodes
+    (`truncated_q_max`) and of the one after the rollout; `learn` is `make_update`'s.
     """
     apply_fn = network.apply
     update = make_update(apply_fn, optimizer, config, tuple(axis_names))
@@ -77,11 +78,8 @@ def make_agent(network, optimizer: optax.GradientTransformation, config: PQNConf
         return action, carry, jnp.max(q, axis=-1)
 
     def prepare(state, rollout: Trajectory):
-        num_steps, num_envs = rollout.reward.shape
-        flat = rollout.final_obs.reshape((num_steps * num_envs,) + rollout.final_obs.shape[2:])
-        final_q_max = q_max(state.params, flat).reshape(num_steps, num_envs)
         batch = QTransition(rollout.obs, rollout.action, rollout.reward, rollout.terminated, rollout.truncated,
-                            rollout.extras, final_q_max)
+                            rollout.extras, truncated_q_max(q_max, state.params, rollout))
         return batch, q_max(state.params, rollout.next_obs)
 
     def learn(state, batch, bootstrap_q, key, carry):

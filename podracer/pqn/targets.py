@@ -1,4 +1,4 @@
-"""PQN's maths: Q(lambda) targets over a rollout, the epsilon schedule, epsilon-greedy choices."""
+"""PQN's maths: Q(lambda) targets over a rollout, and the epsilon schedule."""
 
 from __future__ import annotations
 
@@ -49,15 +49,3 @@ def epsilon_at(update: jax.Array, start: float, finish: float, decay_updates: fl
     """Epsilon after `update` updates: linear from `start` to `finish` over `decay_updates`, then `finish`."""
     fraction = jnp.clip(update / jnp.maximum(decay_updates, 1.0), 0.0, 1.0)
     return start + fraction * (finish - start)
-
-
-def epsilon_greedy(q: jax.Array, epsilon: jax.Array, uniform: jax.Array, random_action: jax.Array) -> jax.Array:
-    """[B] actions: `random_action` where `uniform` < `epsilon`, else the greedy one (argmax of `q` [B, A])."""
-    return jnp.where(uniform < epsilon, random_action, jnp.argmax(q, axis=-1)).astype(jnp.int32)
-
-
-def epsilon_greedy_log_prob(q: jax.Array, action: jax.Array, epsilon: jax.Array) -> jax.Array:
-    """[B] log-probabilities of `action` under epsilon-greedy on `q` [B, A]: eps / A, plus 1 - eps if greedy."""
-    num_actions = q.shape[-1]
-    greedy = action == jnp.argmax(q, axis=-1)
-    return jnp.log(epsilon / num_actions + jnp.where(greedy, 1.0 - epsilon, 0.0))

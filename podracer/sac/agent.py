@@ -103,7 +103,9 @@ def make_agent(networks: SACNetworks, optimizer: optax.GradientTransformation, c
         learner, metrics = jax.lax.cond(replay.ready(buffer, buffer_state), train, wait, learner)
         return learner._replace(buffer=buffer_state), metrics
 
-    return Agent(init, act, prepare, learn, Rollout(rollout_len), draw, lambda num_envs: ())
+    # The NaN guard reads what learning computes, not the buffer of what the environments answered.
+    return Agent(init, act, prepare, learn, Rollout(rollout_len), draw, lambda num_envs: (),
+                 learned_state=lambda state: state._replace(buffer=()))
 
 
 def policy(state: SACState, networks: SACNetworks, config: SACConfig, deterministic: bool) -> Policy:

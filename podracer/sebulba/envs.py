@@ -129,7 +129,7 @@ class EnvPoolEnvs:
                 self._pool.observation_space  # built on first use; here, where its notices are silenced
         # Dict observations (envpool's Jumanji ports) are flattened, their action mask last.
         self._keys = feature_keys(self._pool.observation_space)
-        self.num_envs = num_envs
+        self.num_envs, self.batch_size = num_envs, batch_size
         self._return = np.zeros(num_envs, np.float32)
         self._length = np.zeros(num_envs, np.int32)
         # The next result of an environment is a reset (after an episode end, or the first).

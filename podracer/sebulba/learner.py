@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
+from podracer.agent import all_finite
 from podracer.protocol import parallel
 from podracer.sebulba.actor import Acting, Shipment, trajectory_shapes
 from podracer.sebulba.control import Control
@@ -21,7 +22,8 @@ from podracer.session.timing import Timings
 _ACROSS_ACTORS = P(parallel.DATA_AXIS)  # bootstrap data and carries: [N, ...] leaves split along N
 
 
-def make_learn_step(learn: Callable, mesh: Mesh, check_vma: bool = True) -> Callable:
+def make_learn_step(learn: Callable, mesh: Mesh, check_vma: bool = True,
+                    learned_state: Callable[[Any], Any] = lambda state: state) -> Callable:
     """Jitted `step(state, batches, bootstraps, key, carries) -> (state, metrics)` of an agent's `learn`.
 
     `learn` is `Agent.learn` of an agent made with `axis_names=(parallel.DATA_AXIS,)`.
@@ -32,14 +34,14 @@ def make_learn_step(learn: Callable, mesh: Mesh, check_vma: bool = True) -> Call
     device joins its shards of all of them into one local batch and runs
     `learn`, which averages over the mesh. `state` is replicated over the mesh.
     The metrics include `params_finite` (1.0 when every floating-point leaf of
-    the new state is finite) for the NaN guard. `check_vma` is the agent's (`Agent.check_vma`).
+    `learned_state(new state)` is finite) for the NaN guard. `check_vma` and
+    `learned_state` are the agent's (`Agent.check_vma`, `Agent.learned_state`).
     """
     join = lambda axis, parts: jax.tree.map(lambda *p: jnp.concatenate(p, axis=axis), *parts)
 
     def step(state, batches, bootstraps, key, carries):
         state, metrics = learn(state, join(1, batches), join(0, bootstraps), key, join(0, carries))
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state)
-                                    if jnp.issubdtype(x.dtype, jnp.inexact)]))
+        finite = all_finite(learned_state(state))
         return state, {**metrics, "params_finite": finite.astype(jnp.float32)}
 
     specs = (P(), parallel.TIME_MAJOR_SPEC, _ACROSS_ACTORS, P(), _ACROSS_ACTORS)

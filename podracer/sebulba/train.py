@@ -88,7 +88,7 @@ def build(configs: RunSpec, devices=None) -> Setup:
     shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len,
                                layout.envs_per_thread * jax.process_count(), mesh)
     threads = layout.num_actor_threads
-    step_fn = make_learn_step(agent.learn, mesh, agent.check_vma).lower(
+    step_fn = make_learn_step(agent.learn, mesh, agent.check_vma, agent.learned_state).lower(
         state, *((part,) * threads for part in shipment[:2]), jax.random.PRNGKey(0),
         (shipment[2],) * threads).compile()
     for device in dict.fromkeys(split.actor):

@@ -81,6 +81,7 @@ class TrajectoryBuilder:
         self.rollout_len = rollout_len
         self.num_envs = num_envs
         self._step, self._carry_example = step, carry
+        self._has_carry = bool(jax.tree.leaves(carry))
         self._fill = np.zeros(num_envs, np.int64)  # rows written per environment
         self._complete = np.zeros(num_envs, bool)  # T rows and a next observation
         # Where the result of each environment's last action goes (row T: nowhere), and why.
@@ -129,15 +130,19 @@ class TrajectoryBuilder:
         fill = self._fill[env_ids]
         open_ = ~self._complete[env_ids]
         # A final observation is the final observation of the row that ended there.
+        # (The writes of rare events are skipped when none happened: this runs every step.)
         ended = open_ & obs_is_final & (fill > 0)
-        self._final_obs[np.where(ended, fill - 1, t) * n + env_ids] = obs
+        if ended.any():
+            self._final_obs[np.where(ended, fill - 1, t) * n + env_ids] = obs
         # The observation after an environment's T-th row, and the carry to act on it with.
         at_end = open_ & (fill == t)
-        _scatter(self._next, np.where(at_end, env_ids, n), (obs, carry_in))
-        self._complete[env_ids] = ~open_ | at_end
+        if at_end.any():
+            _scatter(self._next, np.where(at_end, env_ids, n), (obs, carry_in))
+            self._complete[env_ids] = ~open_ | at_end
         write = open_ & ~obs_is_final & (fill < t)
         row = np.where(write, fill, t)
-        _scatter(self._initial_carry, np.where(write & (fill == 0), env_ids, n), carry_in)
+        if self._has_carry:
+            _scatter(self._initial_carry, np.where(write & (fill == 0), env_ids, n), carry_in)
         _scatter(self._rows, row * n + env_ids, ((obs, action, extras), carry_out))
         self._fill[env_ids] = fill + write
         self._row_of_action[env_ids] = row
