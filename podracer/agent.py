@@ -166,6 +166,12 @@ class Agent(NamedTuple):
     """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
     for the check is run without it (mctx's search loops start from constants and carry per-device
     data); a test then proves one device and several train alike."""
+    quick_cpu_compile: bool = True
+    """Whether Anakin may compile the agent's training program with LLVM's optimisation level 1 on
+    CPU (`parallel.training_options`): a fifth to a third less compile time, and as fast for agents
+    whose time is in library matrix products and short fusions. An agent whose environments act with
+    parameters of their own (ES: a batch of members' matrix-vector products, which XLA emits as its
+    own loops) says False: at level 1 its rollouts took 1.3x the CPU time."""
 
 
 def all_finite(tree: Any) -> jax.Array:

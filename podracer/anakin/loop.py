@@ -336,8 +336,9 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
     # Environments and agents built on libraries not written for the check say so
     # (suites.base.SuiteEnv, agent.Agent.check_vma).
-    check = bool(axes) and getattr(env, "check_vma", True) and agent_for({}, axes).check_vma
-    options = parallel.actor_critic_options(mesh)
+    agent = agent_for({}, axes)
+    check = bool(axes) and getattr(env, "check_vma", True) and agent.check_vma
+    options = parallel.training_options(mesh, agent.quick_cpu_compile)
     sharded_jit = lambda fn, in_specs, out_specs, **kw: jax.jit(
         jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check), **kw)
     init_in = P() if not population else (runner_specs.key, runner_specs.hparams) + ((P(),) if pbt else ())

@@ -171,4 +171,4 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
 
     return Agent(init, act, prepare, learn, Rollout(horizon), draw=lambda key: key,
                  initial_carry=lambda num_envs: (), for_rollout=for_rollout,
-                 fresh_episodes=pair_episodes(episodes))
+                 fresh_episodes=pair_episodes(episodes), quick_cpu_compile=False)
