@@ -17,6 +17,11 @@ each figure the fastest of its rounds (contention only ever adds time):
   on one device with `ESConfig(low_rank=r)`, EGGROLL-style rank-r noise on each
   weight matrix. NOT the algorithm evosax runs (a different search
   distribution); shown for what it costs, not as the like-for-like figure.
+- podracer ES agent: the same OpenAI-ES as an agent on the contract
+  (`podracer.es.agent.make_agent`) run by Anakin's one program builder
+  (`podracer.anakin.loop.make_programs`), on every device; it does not
+  evaluate the mean parameters (the ES-only program adds `eval_episodes`
+  episodes a call for that).
 - evosax: `evosax.algorithms.Open_ES` ask -> `jax.vmap` of the same fitness
   function (podracer's `make_fitness_fn`, so the rollout is identical) -> tell, `generations`
   generations in one jitted `lax.scan`: the usual evosax loop. evosax has no
@@ -107,6 +112,25 @@ def main(argv=None) -> dict:
 
         return call
 
+    # ---- the same ES as an agent on the contract, run by Anakin's one program builder.
+    def agent_call(devices):
+        from podracer.agent import fixed_agent
+        from podracer.anakin.loop import AnakinConfig, make_programs
+        from podracer.es.agent import make_agent
+
+        sizes = AnakinConfig(num_envs=config.population * config.episodes_per_member,
+                             rollout_len=layout.horizon, updates_per_call=args.generations)
+        programs = make_programs(env, fixed_agent(make_agent, policy, None, config, env.spec, layout.horizon),
+                                 sizes, parallel.make_mesh(devices))
+        state = {"runner": programs.init(key)}
+        train = programs.train.lower(state["runner"]).compile()
+
+        def call():
+            state["runner"], metrics = train(state["runner"])
+            return metrics["fitness_mean"]
+
+        return call
+
     # ---- evosax Open_ES driving podracer's episode function, on one device.
     def evosax_call():
         dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
@@ -189,6 +213,7 @@ def main(argv=None) -> dict:
         f"podracer Anakin ES, {layout.num_devices} devices": podracer_call(jax.devices()),
         "podracer Anakin ES, 1 device": podracer_call(jax.devices()[:1]),
         "evosax Open_ES, 1 device": evosax_call(),
+        f"podracer ES agent (make_programs), {layout.num_devices} devices": agent_call(jax.devices()),
     }
     low_rank_name = f"podracer low-rank ES (rank {args.low_rank}, not evosax's algorithm), 1 device"
     if args.low_rank:
@@ -231,6 +256,10 @@ def main(argv=None) -> dict:
         "steps_per_cpu_s_one_device": per_cpu_s[names[2]],
         "peer_steps_per_cpu_s": per_cpu_s[names[3]],
         "cpu_speedup_vs_peer_one_device": per_cpu_s[names[2]] / per_cpu_s[names[3]],
+        # The agent on the contract against the ES-only program (which also evaluates the mean
+        # parameters once a call: eval_episodes more episodes), in CPU time.
+        "agent_steps_per_cpu_s": per_cpu_s[names[4]],
+        "agent_over_program_cpu": per_cpu_s[names[4]] / per_cpu_s[names[1]],
     }
     if args.low_rank:
         low = steps_per_call / best[low_rank_name]

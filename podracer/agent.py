@@ -99,6 +99,19 @@ class Trajectory(NamedTuple):
     next_carry: Any  # [B, ...] leaves: the carry to act on `next_obs` with
 
 
+def first_episode(trajectory: Trajectory) -> jax.Array:
+    """[T, B] bool: the rows of each environment's first episode in `trajectory`, its end included.
+
+    What an agent with `Agent.fresh_episodes` learns from (the rest of its rollout
+    is ignored). From the index of the first end, not a cumulative sum: XLA:CPU
+    runs a cumulative sum over T rows as a window of T, T * T work per column.
+    """
+    done = jnp.logical_or(trajectory.terminated, trajectory.truncated)
+    rows = done.shape[0]
+    first_end = jnp.where(jnp.any(done, axis=0), jnp.argmax(done, axis=0), rows)
+    return jnp.arange(rows)[:, None] <= first_end[None, :]
+
+
 class Agent(NamedTuple):
     """An agent as pure functions; `make_agent(..., axis_names)` of each agent folder builds one.
 
@@ -130,6 +143,20 @@ class Agent(NamedTuple):
     acting_state: Callable[[Any], Any] = lambda state: state
     """`acting_state(state) -> the part of it that `act` and `prepare` read`: what Sebulba's learner
     publishes to its actors after every update (default: the whole state)."""
+    for_rollout: Callable[[Any, jax.Array], Any] = lambda acting_state, env_index: acting_state
+    """`for_rollout(acting_state, env_index [B]) -> what `act` and `prepare` are given in its place` for
+    one rollout, computed once before it from the global indices of this device's environments
+    (default: the acting state itself). An agent whose environments act with different parameters
+    (ES: each environment its population member's perturbed ones) draws them here once, not at
+    every step."""
+    fresh_episodes: Callable[[jax.Array], jax.Array] | None = None
+    """With it, every rollout is one new episode per environment, as ES evaluates a member: before
+    each rollout the architecture resets the environments (and `initial_carry`), environment `i`'s
+    reset and steps drawn from the index `fresh_episodes(i)` instead of `i`, so environments given
+    one index live the same episode (ES: both members of an antithetic pair). What follows an
+    episode's end within the rollout is for the agent to ignore (`prepare` masks it), so an ended
+    episode restarts from the rollout's first state rather than drawing a new reset at every step.
+    `None` (default): episodes run on across rollouts."""
     learned_state: Callable[[Any], Any] = lambda state: state
     """`learned_state(state) -> the part of it that learning computes`: what the architecture checks is
     finite after every update, for the NaN guard (default: all of it). An agent with a replay buffer
@@ -139,6 +166,12 @@ class Agent(NamedTuple):
     """Whether `jax.shard_map` may check replication through `act` and `learn`. A library not written
     for the check is run without it (mctx's search loops start from constants and carry per-device
     data); a test then proves one device and several train alike."""
+    quick_cpu_compile: bool = True
+    """Whether Anakin may compile the agent's training program with LLVM's optimisation level 1 on
+    CPU (`parallel.training_options`): a fifth to a third less compile time, and as fast for agents
+    whose time is in library matrix products and short fusions. An agent whose environments act with
+    parameters of their own (ES: a batch of members' matrix-vector products, which XLA emits as its
+    own loops) says False: at level 1 its rollouts took 1.3x the CPU time."""
 
 
 def all_finite(tree: Any) -> jax.Array:

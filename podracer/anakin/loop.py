@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.agent import Agent, AgentFor, Trajectory, all_finite
+from podracer.agent import Agent, AgentFor, Trajectory, all_finite, first_episode
 from podracer.protocol import parallel
 from podracer.envs.jax_envs import EnvState, GymnaxEnv, TimeStep
 from podracer.bounds import POSITIVE, bounded, check_bounds
@@ -116,9 +116,14 @@ def _pack_rows(tree) -> tuple[tuple[jax.Array, ...], Callable]:
     return packed, unpack
 
 
-def _env_keys(key: jax.Array, num_local: int, axis_names) -> jax.Array:
-    """One key per environment, from its global index: independent of the device split."""
-    index = parallel.axis_offset(num_local, axis_names) + jnp.arange(num_local)
+def _env_index(num_local: int, axis_names) -> jax.Array:
+    """The global indices [num_local] of this device's environments."""
+    return parallel.axis_offset(num_local, axis_names) + jnp.arange(num_local)
+
+
+def _env_keys(key: jax.Array, num_local: int, axis_names, index: jax.Array | None = None) -> jax.Array:
+    """One key per environment, from its global index (or `index`): independent of the device split."""
+    index = _env_index(num_local, axis_names) if index is None else index
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
 
 
@@ -143,15 +148,30 @@ class Steps(NamedTuple):
 def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...]) -> Steps:
     """`agent`'s `Steps` on `num_envs` environments of `env` per device, split over the mesh `axes`."""
     rollout_len = agent.experience.length
+    fresh = agent.fresh_episodes
 
     def rollout_draws(key):
         # The randomness of every (step, environment) of a rollout, drawn at once as
         # one vectorised computation outside the sequential loop, from one key per
-        # (step, env) pair: [T, B, ...] acting randomness and environment draws.
+        # (step, env) pair: [T, B, ...] acting randomness and environment draws. With
+        # fresh episodes the environments' keys come from their episodes' indices, and
+        # their draws are made in the step (`env.draw_restarting`: no reset to draw).
         step_keys = jax.random.split(key, rollout_len)
-        env_keys = jax.vmap(lambda k: _env_keys(k, num_envs, axes))(step_keys)
-        action_keys, env_step_keys = jnp.moveaxis(jax.vmap(jax.vmap(jax.random.split))(env_keys), 2, 0)
-        return jax.vmap(jax.vmap(agent.draw))(action_keys), jax.vmap(jax.vmap(env.draw))(env_step_keys)
+        split = lambda index=None: jnp.moveaxis(jax.vmap(jax.vmap(jax.random.split))(
+            jax.vmap(lambda k: _env_keys(k, num_envs, axes, index))(step_keys)), 2, 0)
+        action_keys, env_step_keys = split()
+        randomness = jax.vmap(jax.vmap(agent.draw))(action_keys)
+        if fresh is not None:
+            return randomness, split(fresh(_env_index(num_envs, axes)))[1]
+        return randomness, jax.vmap(jax.vmap(env.draw))(env_step_keys)
+
+    def start_episodes(runner: RunnerState, key: jax.Array) -> RunnerState:
+        """`runner` with every environment at the start of a new episode (`Agent.fresh_episodes`)."""
+        episode_keys = _env_keys(key, num_envs, axes, fresh(_env_index(num_envs, axes)))
+        # Typed per-device as the state it replaces (a reset's step counters are constants).
+        env_state, timestep = jax.vmap(env.reset)(episode_keys)
+        env_state, obs = parallel.vary((env_state, timestep.obs), axes)
+        return runner._replace(env_state=env_state, obs=obs, carry=agent.initial_carry(num_envs))
 
     def init(key):
         agent_key, env_key, run_key = jax.random.split(key, 3)
@@ -161,6 +181,14 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
 
     def episodes(ts: TimeStep) -> dict:
         done = jnp.logical_or(ts.terminated, ts.truncated)
+        if fresh is not None:  # each environment's one episode: its rows up to its first end
+            first = first_episode(ts)
+            ended = jnp.any(done, axis=0)
+            return parallel.psum({
+                "episodes": ended.sum(),
+                "episode_return_sum": jnp.where(ended, jnp.sum(jnp.where(first, ts.reward, 0.0), 0), 0.0).sum(),
+                "episode_length_sum": jnp.where(ended, jnp.sum(first, 0), 0).sum(),
+            }, axes)
         return parallel.psum({
             "episodes": done.sum(),
             "episode_return_sum": jnp.where(done, ts.episode_return, 0.0).sum(),
@@ -169,13 +197,19 @@ def make_steps(env: GymnaxEnv, agent: Agent, num_envs: int, axes: tuple[str, ...
 
     def act(runner: RunnerState) -> tuple[RunnerState, Experience]:
         key, rollout_key, update_key = jax.random.split(runner.key, 3)
-        state = agent.acting_state(runner.train)
+        if fresh is not None:
+            rollout_key, episodes_key = jax.random.split(rollout_key)
+            runner = start_episodes(runner, episodes_key)
+        first_obs, first_state = runner.obs, runner.env_state
+        state = agent.for_rollout(agent.acting_state(runner.train), _env_index(num_envs, axes))
         packed, unpack = _pack_rows((runner.env_state, runner.obs))
 
         def step(carried, draws):
             packed, carry = carried
             env_state, obs = unpack(packed)
             randomness, env_draws = draws
+            if fresh is not None:  # an episode that ends starts again where the rollout began
+                env_draws = jax.vmap(env.draw_restarting)(env_draws, first_obs, first_state)
             action, carry, extras = agent.act(state, obs, randomness, carry)
             env_state, ts = env.step_batch(env_draws, env_state, action)
             # The carry that saw the final observation (its value bootstraps a truncation), then a fresh one.
@@ -302,8 +336,9 @@ def make_programs(env: GymnaxEnv, agent_for: AgentFor, config: AnakinConfig, mes
     # With no axes there is no collective to prove replication by; one device is replicated anyway.
     # Environments and agents built on libraries not written for the check say so
     # (suites.base.SuiteEnv, agent.Agent.check_vma).
-    check = bool(axes) and getattr(env, "check_vma", True) and agent_for({}, axes).check_vma
-    options = parallel.actor_critic_options(mesh)
+    agent = agent_for({}, axes)
+    check = bool(axes) and getattr(env, "check_vma", True) and agent.check_vma
+    options = parallel.training_options(mesh, agent.quick_cpu_compile)
     sharded_jit = lambda fn, in_specs, out_specs, **kw: jax.jit(
         jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check), **kw)
     init_in = P() if not population else (runner_specs.key, runner_specs.hparams) + ((P(),) if pbt else ())

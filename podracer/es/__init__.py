@@ -13,10 +13,12 @@ a network's parameters with `jax.flatten_util.ravel_pytree`:
 
 Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`. From
 settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`; Anakin ES
-(gymnax rollouts on every device) is `podracer.anakin.es.make_anakin_es`; Sebulba ES
+(gymnax rollouts on every device) is `podracer.anakin.es.make_anakin_es`, and ES as an agent on
+the contract, for Anakin's one program builder, is `es.make_agent` (`podracer.es.agent`); Sebulba ES
 (envpool actor threads) is `podracer.sebulba.train_es.train_es`.
 """
 
+from podracer.es.agent import ESState, make_agent
 from podracer.es.ars import ARSState, ars_step, make_ars
 from podracer.es.config import VARIANTS, ESConfig, make_strategy
 from podracer.es.noise import (
@@ -49,6 +51,7 @@ from podracer.normalize import (
 __all__ = (
     "ARSState",
     "ESConfig",
+    "ESState",
     "OpenAIESState",
     "RunningStats",
     "LowRank",
@@ -62,6 +65,7 @@ __all__ = (
     "centred_ranks",
     "fitness_metrics",
     "init_running_stats",
+    "make_agent",
     "make_ars",
     "make_openai_es",
     "flatten_factors",

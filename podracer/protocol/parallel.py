@@ -83,18 +83,20 @@ def run_once_options(mesh: Mesh) -> dict[str, int] | None:
     return {"xla_backend_optimization_level": 0} if mesh.devices.flat[0].platform == "cpu" else None
 
 
-def actor_critic_options(mesh: Mesh) -> dict[str, int] | None:
-    """XLA options for Anakin's actor-critic training programs (PPO, IMPALA) on `mesh`.
+def training_options(mesh: Mesh, quick_compile: bool = True) -> dict[str, int] | None:
+    """XLA options for Anakin's training programs on `mesh`.
 
-    On CPU: LLVM's optimisation level 1 instead of its default. These programs
-    spend their time in library matrix products (YNNPACK) and short elementwise
-    fusions, which ran as fast at level 1 (CartPole MLP with 1 and 16 agents,
-    brax inverted_pendulum, Breakout-MinAtar's CNN, all within noise), while
-    compiling took a fifth to a third less (CartPole, 16 agents: 5.4 s to 3.6 s).
-    Not for ES: its members' batched matrix-vector products are XLA's own
-    loops, which ran 12-17% slower at level 1. Other backends compile as usual.
+    On CPU with `quick_compile`: LLVM's optimisation level 1 instead of its
+    default. Programs that spend their time in library matrix products (YNNPACK)
+    and short elementwise fusions ran as fast at level 1 (CartPole MLP with 1 and
+    16 agents, brax inverted_pendulum, Breakout-MinAtar's CNN, all within noise),
+    while compiling took a fifth to a third less (CartPole, 16 agents: 5.4 s to
+    3.6 s). Not for ES (`Agent.quick_cpu_compile`): its members' batched
+    matrix-vector products are XLA's own loops, which ran 12-30% slower at
+    level 1. Other backends compile as usual.
     """
-    return {"xla_backend_optimization_level": 1} if mesh.devices.flat[0].platform == "cpu" else None
+    quick = quick_compile and mesh.devices.flat[0].platform == "cpu"
+    return {"xla_backend_optimization_level": 1} if quick else None
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
