@@ -53,22 +53,16 @@ class ESLayout(NamedTuple):
     steps_per_generation: int  # global env steps simulated by the population
 
 
-def make_mean_evaluation(env: GymnaxEnv, policy, config: ESConfig, horizon: int, mesh: Mesh,
-                         agents: bool = False) -> Callable:
-    """Jitted `evaluate(state: ESState) -> mean return` of the search distribution's mean.
+def make_episode(env: GymnaxEnv, apply: Callable, horizon: int, normalize: bool, axis_names=()) -> Callable:
+    """`episode(params, obs_stats, key) -> return` of one episode of a deterministic policy.
 
-    `config.eval_episodes` episodes of the mean's deterministic policy (ARS V2:
-    on observations normalised by the run's statistics), each cut at its first
-    end or at `horizon`, split over the devices by global index so that the
-    figure does not depend on the device count. The episodes' keys come from
-    the state's key and generation, so a resumed run evaluates as it would have.
-    With `agents` the state has a leading agent axis and so has the result.
+    `apply(params, obs) -> action`; rewards count up to the episode's first end
+    (terminated or truncated), and it is cut at `horizon` steps. ARS V2
+    (`normalize`) feeds the policy observations normalised by `obs_stats`.
+    After the end the environment starts again from its first state
+    (`GymnaxEnv.draw_restarting`): those steps only fill the fixed-length scan.
+    `axis_names`: the mesh axes the caller runs under, if any.
     """
-    num_devices = mesh.devices.size
-    per_device = -(-config.eval_episodes // num_devices)
-    axes = (parallel.DATA_AXIS,)
-    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
-    _, unravel = ravel_pytree(policy.init(jax.random.PRNGKey(0), dummy_obs))
 
     def episode(params, obs_stats, key):
         reset_key, steps_key = jax.random.split(key)
@@ -77,18 +71,35 @@ def make_mean_evaluation(env: GymnaxEnv, policy, config: ESConfig, horizon: int,
 
         def step(carry, step_key):
             env_state, obs, total, alive = carry
-            policy_obs = obs
-            if config.normalize_observations:
-                policy_obs = ars_normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape)
+            policy_obs = ars_normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape) if normalize else obs
             draws = env.draw_restarting(step_key, first.obs, first_state)
-            env_state, ts = env.step_with(draws, env_state, policy.apply(params, policy_obs))
+            env_state, ts = env.step_with(draws, env_state, apply(params, policy_obs))
             total = total + alive * ts.reward
             alive = alive * (1.0 - jnp.logical_or(ts.terminated, ts.truncated).astype(jnp.float32))
             return (env_state, ts.obs, total, alive), None
 
-        carry = parallel.vary((env_state, first.obs, jnp.zeros(()), jnp.ones(())), axes)
+        carry = parallel.vary((env_state, first.obs, jnp.zeros(()), jnp.ones(())), axis_names)
         (_, _, total, _), _ = jax.lax.scan(step, carry, jax.random.split(steps_key, horizon))
         return total
+
+    return episode
+
+
+def make_mean_evaluation(env: GymnaxEnv, policy, config: ESConfig, horizon: int, mesh: Mesh,
+                         agents: bool = False) -> Callable:
+    """Jitted `evaluate(state: ESState) -> mean return` of the search distribution's mean.
+
+    `config.eval_episodes` episodes of the mean's deterministic policy
+    (`make_episode`), split over the devices by global index so that the
+    figure does not depend on the device count. The episodes' keys come from
+    the state's key and generation, so a resumed run evaluates as it would have.
+    With `agents` the state has a leading agent axis and so has the result.
+    """
+    per_device = -(-config.eval_episodes // mesh.devices.size)
+    axes = (parallel.DATA_AXIS,)
+    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
+    _, unravel = ravel_pytree(policy.init(jax.random.PRNGKey(0), dummy_obs))
+    episode = make_episode(env, policy.apply, horizon, config.normalize_observations, axes)
 
     def evaluate(state: ESState):
         key = jax.random.fold_in(jax.random.split(state.key)[1], state.strategy.generation)
