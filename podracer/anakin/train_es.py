@@ -114,14 +114,7 @@ def make_mean_evaluation(env: GymnaxEnv, policy, config: ESConfig, horizon: int,
                                  check_vma=getattr(env, "check_vma", True)))
 
 
-class ESProgram(NamedTuple):
-    """What `build` makes: Anakin's program of the ES agent and the mean parameters' evaluation."""
-
-    program: Program
-    evaluate_mean: Callable  # ESState (a population's: [A] leaves) -> mean return (a population's: [A])
-
-
-def build(configs: RunSpec, devices=None, profile: bool = False) -> ESProgram:
+def build(configs: RunSpec, devices=None, profile: bool = False) -> Program:
     """Environment, sizes, the ES agent's jitted `init`/`train` (and its phases, to profile)."""
     run, es_config, net = configs.run, configs.agent, configs.network
     env = make_env(run.env)
@@ -150,8 +143,7 @@ def build(configs: RunSpec, devices=None, profile: bool = False) -> ESProgram:
         programs = make_programs(env, fixed_agent(make_agent, policy, None, es_config, env.spec, horizon), sizes, mesh)
         init = Init.of_key(programs.init)
     phases = (programs.act, programs.learn) if profile else None
-    program = Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, programs.train, phases)
-    return ESProgram(program, make_mean_evaluation(env, policy, es_config, horizon, mesh, is_population))
+    return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, programs.train, phases)
 
 
 def _call_metrics(metrics, mean_params_return) -> dict:
@@ -183,7 +175,7 @@ def train_es(configs: RunSpec, devices=None):
     session = RunSession(configs)
     run, es_config = configs.run, configs.agent
     generations_per_call = es_config.generations_per_call
-    built, evaluate_mean = build(configs, devices, profile=session.profiler is not None)
+    built = build(configs, devices, profile=session.profiler is not None)
     runner, meta, train, compile_s = open_with_programs(session, built, run.seed)
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
@@ -195,6 +187,8 @@ def train_es(configs: RunSpec, devices=None):
                                     session.measure, names=("evaluate", "tell"))
     else:
         runner = placed_for(train, runner)
+    evaluate_mean = make_mean_evaluation(built.env, built.network, es_config, built.layout.horizon,
+                                         parallel.make_mesh(devices), population.is_population(configs))
     evaluate_mean = evaluate_mean.lower(runner.train).compile()
     compile_s += time.perf_counter() - compile_start
 
