@@ -8,22 +8,17 @@ each figure the fastest of its rounds (contention only ever adds time):
 - env ceiling: `population * episodes_per_member` envs stepped `horizon` times
   with uniformly random actions and no policy, split over every device: the
   most steps/s any ES could get out of this environment here.
-- podracer: `podracer.anakin.es.make_anakin_es` (OpenAI-ES, population split
-  over every device, fitness all-gathered, mean parameters evaluated per call),
-  and the same on one device: the same algorithm as evosax's, full-rank
-  Gaussian noise, its antithetic pairs evaluated together (every member shares
-  the mean's matrix products, a pair shares its noise's).
+- podracer: the ES agent (`podracer.es.make_agent`, OpenAI-ES) on Anakin's one
+  program builder (`podracer.anakin.loop.make_programs`): the population split
+  over every device, fitness all-gathered; and the same on one device: the same
+  algorithm as evosax's, full-rank Gaussian noise. (A run also evaluates the
+  mean parameters after each call, `eval_episodes` episodes, not timed here.)
 - podracer low-rank (`--low-rank`, default 1; 0 leaves the row out): the same
   on one device with `ESConfig(low_rank=r)`, EGGROLL-style rank-r noise on each
   weight matrix. NOT the algorithm evosax runs (a different search
   distribution); shown for what it costs, not as the like-for-like figure.
-- podracer ES agent: the same OpenAI-ES as an agent on the contract
-  (`podracer.es.agent.make_agent`) run by Anakin's one program builder
-  (`podracer.anakin.loop.make_programs`), on every device; it does not
-  evaluate the mean parameters (the ES-only program adds `eval_episodes`
-  episodes a call for that).
 - evosax: `evosax.algorithms.Open_ES` ask -> `jax.vmap` of the same fitness
-  function (podracer's `make_fitness_fn`, so the rollout is identical) -> tell, `generations`
+  function (podracer's `make_episode`, the rollout of a run's mean evaluation) -> tell, `generations`
   generations in one jitted `lax.scan`: the usual evosax loop. evosax has no
   multi-device protocol, so it runs on one device. It minimises, so it is told
   the negated returns.
@@ -85,8 +80,10 @@ def main(argv=None) -> dict:
 
     from podracer.protocol import parallel
     from podracer.envs.jax_envs import make_env
-    from podracer.anakin.es import (make_anakin_es, make_episode_fn, make_es_layout,
-                                     make_fitness_fn)
+    from podracer.agent import fixed_agent
+    from podracer.anakin.loop import AnakinConfig, make_programs
+    from podracer.anakin.train_es import make_episode
+    from podracer.es.agent import episode_horizon, make_agent
     from podracer.es import ESConfig
     from podracer.networks import make_policy_network
 
@@ -96,31 +93,17 @@ def main(argv=None) -> dict:
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                                  tuple(args.hidden))
     mesh = parallel.make_mesh()
-    layout = make_es_layout(config, env, mesh)
-    steps_per_call = layout.steps_per_generation * args.generations
+    horizon = episode_horizon(env, config)
+    num_devices = mesh.devices.size
+    steps_per_generation = config.population * config.episodes_per_member * horizon
+    steps_per_call = steps_per_generation * args.generations
     key = jax.random.PRNGKey(args.seed)
 
-    # ---- podracer, on every device and on one.
+    # ---- podracer: the ES agent on Anakin's one program builder, on every device and on one.
     def podracer_call(devices, config=config):
-        init, step = make_anakin_es(env, policy, config, parallel.make_mesh(devices))
-        state = {"runner": init(key)}
-        step = step.lower(state["runner"]).compile()
-
-        def call():
-            state["runner"], metrics = step(state["runner"])
-            return metrics["fitness_mean"]
-
-        return call
-
-    # ---- the same ES as an agent on the contract, run by Anakin's one program builder.
-    def agent_call(devices):
-        from podracer.agent import fixed_agent
-        from podracer.anakin.loop import AnakinConfig, make_programs
-        from podracer.es.agent import make_agent
-
         sizes = AnakinConfig(num_envs=config.population * config.episodes_per_member,
-                             rollout_len=layout.horizon, updates_per_call=args.generations)
-        programs = make_programs(env, fixed_agent(make_agent, policy, None, config, env.spec, layout.horizon),
+                             rollout_len=horizon, updates_per_call=args.generations)
+        programs = make_programs(env, fixed_agent(make_agent, policy, None, config, env.spec, horizon),
                                  sizes, parallel.make_mesh(devices))
         state = {"runner": programs.init(key)}
         train = programs.train.lower(state["runner"]).compile()
@@ -135,16 +118,15 @@ def main(argv=None) -> dict:
     def evosax_call():
         dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
         flat, unravel = ravel_pytree(policy.init(key, dummy_obs))
-        episode = make_episode_fn(env, policy.apply, layout.horizon, normalize=False)
+        episode = make_episode(env, policy.apply, horizon, normalize=False)
         strategy = Open_ES(population_size=config.population, solution=flat,
                            optimizer=optax.adam(config.es_lr),
                            std_schedule=optax.constant_schedule(config.sigma))
         params = strategy.default_params
 
-        member_fitness = make_fitness_fn(episode, unravel, config.episodes_per_member, False)
-
         def fitness(member, member_key):
-            return member_fitness(member, member_key, None)[0]
+            keys = jax.random.split(member_key, config.episodes_per_member)
+            return jnp.mean(jax.vmap(episode, in_axes=(None, None, 0))(unravel(member), None, keys))
 
         def generation(es_state, generation_key):
             ask_key, eval_key, tell_key = jax.random.split(generation_key, 3)
@@ -173,7 +155,7 @@ def main(argv=None) -> dict:
     # ---- the environment alone: random actions, same batch and horizon, every device.
     def ceiling_call():
         batch = config.population * config.episodes_per_member
-        local = parallel.split_evenly(batch, layout.num_devices, "environments", "--population")
+        local = parallel.split_evenly(batch, num_devices, "environments", "--population")
         axes = (parallel.DATA_AXIS,)
 
         def random_action(action_key):
@@ -194,7 +176,7 @@ def main(argv=None) -> dict:
                 return env_state, jnp.sum(timestep.reward)
 
             step_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-                keys[0], jnp.arange(layout.horizon * args.generations))
+                keys[0], jnp.arange(horizon * args.generations))
             _, rewards = jax.lax.scan(step, parallel.vary(env_state, axes), step_keys)
             return parallel.psum(jnp.sum(rewards), axes)
 
@@ -210,10 +192,9 @@ def main(argv=None) -> dict:
 
     calls = {
         "env ceiling (random actions)": ceiling_call(),
-        f"podracer Anakin ES, {layout.num_devices} devices": podracer_call(jax.devices()),
+        f"podracer Anakin ES, {num_devices} devices": podracer_call(jax.devices()),
         "podracer Anakin ES, 1 device": podracer_call(jax.devices()[:1]),
         "evosax Open_ES, 1 device": evosax_call(),
-        f"podracer ES agent (make_programs), {layout.num_devices} devices": agent_call(jax.devices()),
     }
     low_rank_name = f"podracer low-rank ES (rank {args.low_rank}, not evosax's algorithm), 1 device"
     if args.low_rank:
@@ -243,23 +224,19 @@ def main(argv=None) -> dict:
     names = list(calls)
     result = {
         "env": args.env, "population": config.population,
-        "episodes_per_member": config.episodes_per_member, "horizon": layout.horizon,
-        "hidden": list(args.hidden), "devices": layout.num_devices,
+        "episodes_per_member": config.episodes_per_member, "horizon": horizon,
+        "hidden": list(args.hidden), "devices": num_devices,
         "platform": jax.devices()[0].platform, "rounds": args.rounds,
-        "sps": ours, "generations_per_s": ours / layout.steps_per_generation,
+        "sps": ours, "generations_per_s": ours / steps_per_generation,
         "sps_one_device": ours_one,
         "peer": "evosax.algorithms.Open_ES", "peer_sps": peer,
-        "peer_generations_per_s": peer / layout.steps_per_generation,
+        "peer_generations_per_s": peer / steps_per_generation,
         "env_ceiling_sps": ceiling, "speedup_vs_peer": ours / peer,
         "speedup_vs_peer_one_device": ours_one / peer,
         "steps_per_cpu_s": per_cpu_s[names[1]],
         "steps_per_cpu_s_one_device": per_cpu_s[names[2]],
         "peer_steps_per_cpu_s": per_cpu_s[names[3]],
         "cpu_speedup_vs_peer_one_device": per_cpu_s[names[2]] / per_cpu_s[names[3]],
-        # The agent on the contract against the ES-only program (which also evaluates the mean
-        # parameters once a call: eval_episodes more episodes), in CPU time.
-        "agent_steps_per_cpu_s": per_cpu_s[names[4]],
-        "agent_over_program_cpu": per_cpu_s[names[4]] / per_cpu_s[names[1]],
     }
     if args.low_rank:
         low = steps_per_call / best[low_rank_name]
@@ -269,8 +246,8 @@ def main(argv=None) -> dict:
                            per_cpu_s[low_rank_name] / per_cpu_s[names[3]]})
     common.report(
         f"Anakin ES vs evosax, {args.env}: population {config.population} x "
-        f"{config.episodes_per_member} episode(s) x horizon {layout.horizon}, {args.generations} "
-        f"generations per call, policy MLP {tuple(args.hidden)}, {layout.num_devices} devices; "
+        f"{config.episodes_per_member} episode(s) x horizon {horizon}, {args.generations} "
+        f"generations per call, policy MLP {tuple(args.hidden)}, {num_devices} devices; "
         f"best of {args.rounds} interleaved calls",
         rows, ("run", "env steps/s", "generations/s", "vs evosax", "median +", "steps/CPU-s"),
         result)

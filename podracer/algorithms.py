@@ -4,9 +4,12 @@ An entry names the agent's config section, which architectures run it, how to
 build its network and its `Agent` (`podracer.agent`), and how to turn a
 trained state back into a policy (to record a dataset, and `load_policy` to
 evaluate). The architectures, the command line, populations and evaluation
-read these records and never name an algorithm. ES is the exception: it
-searches over parameters instead of learning from experience, and has its own
-drivers (`podracer.anakin.train_es`, `podracer.sebulba.train_es`).
+read these records and never name an algorithm. ES is the exception: an
+agent on the contract too (`podracer.es.agent`, which Anakin's one program
+builder runs), it searches over parameters instead of learning from
+experience, and its drivers (`podracer.anakin.train_es`,
+`podracer.sebulba.train_es`) add what its users read: the mean parameters'
+return after every call, its log row and summary.
 """
 
 from __future__ import annotations

@@ -135,8 +135,9 @@ def load_policy(run_dir: str, deterministic: bool = False, agent: int | str | No
         entry = ALGORITHMS[algo]
         network = entry.make_network(spec, _network_config(record))
         return entry.load_policy(network, entry.config(**_tuples(record[algo])), state["train"], deterministic)
-    if algo == "es":  # one checkpoint layout for ES on both architectures
-        return _es_policy(record, spec, state["strategy"]["mean"], state["obs_stats"])
+    if algo == "es":  # the agent's state: Anakin's runner holds it as "train"
+        es_state = state.get("train", state)
+        return _es_policy(record, spec, es_state["strategy"]["mean"], es_state["obs_stats"])
     raise PodracerError(f"{run_dir} was made by --arch={arch} --algo={algo}, which load_policy "
                         f"does not know; evaluate it with the podracer version that trained it")
 

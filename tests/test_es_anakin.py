@@ -1,60 +1,70 @@
-"""Anakin ES: gymnax rollouts of the whole population inside one jitted, sharded step."""
+"""Anakin ES: the ES agent's generations on Anakin's one program, the mean parameters' evaluation, the command line."""
 
 import json
 import subprocess
 
+import flax.linen as nn
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON
 from podracer import es
-from podracer.protocol import parallel
+from podracer.agent import fixed_agent
+from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.anakin.train_es import make_mean_evaluation
 from podracer.envs.jax_envs import make_env
-from podracer.anakin.es import (_make_parts, make_anakin_es, make_episode_fn, make_fitness_fn,
-                                 make_pair_episode_fn, make_pair_fitness_fn)
 from podracer.errors import PodracerError
-from podracer.networks import apply_antithetic, make_policy_network
+from podracer.es.agent import make_agent, members_per_device
+from podracer.es.strategy import Perturbation
+from podracer.networks import make_policy_network
+from podracer.protocol import parallel
 
 SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
 
 
-def _anakin_es(env_id, config, devices, strategy=None):
-    env = make_env(env_id)
-    policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, SMALL)
-    init, step = make_anakin_es(env, policy, config, parallel.make_mesh(devices), strategy)
-    return init(jax.random.PRNGKey(3)), step
+def _policy(env):
+    return make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, SMALL)
 
 
-def _run(env_id, config, devices, calls, strategy=None):
-    runner, step = _anakin_es(env_id, config, devices, strategy)
-    history = []
-    for _ in range(calls):
-        runner, metrics = step(runner)
-        history.append(jax.device_get(metrics))
-    return jax.device_get(runner), history, step
+def _programs(env, config, devices, strategy=None):
+    horizon = config.horizon or env.horizon
+    sizes = AnakinConfig(num_envs=config.population * config.episodes_per_member, rollout_len=horizon,
+                         updates_per_call=config.generations_per_call)
+    agent_for = fixed_agent(make_agent, _policy(env), None, config, env.spec, horizon, strategy=strategy)
+    return make_programs(env, agent_for, sizes, parallel.make_mesh(devices))
+
+
+class AlwaysRight(nn.Module):
+    """A policy that pushes CartPole right whatever it sees (one unused parameter to evolve)."""
+
+    @nn.compact
+    def __call__(self, obs):
+        unused = self.param("unused", nn.initializers.zeros, ())
+        return jnp.int32(1) + jnp.int32(0 * unused)
 
 
 # ---------------------------------------------------------------- episodes
 
 
-def test_episode_return_stops_at_the_first_episode_end():
-    # Always pushing right topples CartPole within a few dozen steps; the episode then
-    # starts again and would keep paying +1 per step if the return were not masked.
+def test_the_mean_is_evaluated_on_one_episode_up_to_its_first_end():
+    # Always pushing right topples CartPole within a few dozen steps; the evaluation's episode then
+    # starts again and would keep paying +1 a step if the return were not cut at the end.
     env = make_env("CartPole-v1")
-    episode = make_episode_fn(env, lambda params, obs: jnp.int32(1), horizon=200, normalize=False)
-    episode_return, seen = jax.jit(lambda key: episode(None, key, None))(jax.random.PRNGKey(0))
-    assert seen == ()
-    state, timestep = env.reset(jax.random.split(jax.random.PRNGKey(0))[0])
+    config = es.ESConfig(population=2, eval_episodes=1)
+    state = make_agent(AlwaysRight(), None, config, env.spec, 200).init(jax.random.PRNGKey(0))
+    evaluate = make_mean_evaluation(env, AlwaysRight(), config, 200, parallel.make_mesh(jax.devices()[:1]))
+    # The episode's key, as the evaluation derives it (the state's key, its generation, episode 0).
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.split(state.key)[1], state.strategy.generation), 0)
+    env_state, timestep = env.reset(jax.random.split(key)[0])
     step = jax.jit(lambda state: env.step(jax.random.PRNGKey(0), state, jnp.int32(1)))
     length = 0
     while not (timestep.terminated or timestep.truncated):
-        state, timestep = step(state)
+        env_state, timestep = step(env_state)
         length += 1
     assert 5 < length < 100
-    assert float(episode_return) == length
+    assert float(evaluate(state)) == length
 
 
 def test_after_the_end_an_episode_starts_again_from_its_first_state():
@@ -78,65 +88,53 @@ def test_after_the_end_an_episode_starts_again_from_its_first_state():
     assert not np.array_equal(env.step(key, state, jnp.int32(1))[1].obs, first.obs)
 
 
-@pytest.mark.parametrize("env_id, normalize, episodes", [("CartPole-v1", False, 1),
-                                                         ("Pendulum-v1", True, 2)])
-def test_a_pair_evaluates_as_its_two_members(env_id, normalize, episodes):
-    """The pair path (both members acting together, sharing the mean's products)
-    gives each member the fitness, and ARS V2 the statistics, of its own episodes."""
+@pytest.mark.parametrize("env_id, variant, episodes", [("CartPole-v1", "openai", 1), ("Pendulum-v1", "openai", 2)])
+def test_a_pair_evaluates_as_its_two_members(env_id, variant, episodes):
+    """With low-rank noise a pair's members act together, sharing the mean's matrix products: each
+    member's return is the one it gets acting alone on the same episodes."""
     env = make_env(env_id)
-    policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete, SMALL)
-    flat, unravel = jax.flatten_util.ravel_pytree(policy.init(jax.random.PRNGKey(0), jnp.zeros(env.spec.obs_shape)))
-    eps = jax.random.normal(jax.random.PRNGKey(3), flat.shape)
-    stats = es.observation_stats(jax.random.normal(jax.random.PRNGKey(2), (50,) + env.spec.obs_shape))
-    key, scale = jax.random.PRNGKey(3), 0.5
-    fitness = make_fitness_fn(make_episode_fn(env, policy.apply, 80, normalize), unravel, episodes,
-                              normalize)
-    pair_act = lambda mean, noise, s, obs: apply_antithetic(policy, mean, noise, s, obs)
-    pair_fitness = make_pair_fitness_fn(make_pair_episode_fn(env, pair_act, 80, normalize), unravel,
-                                        episodes, normalize)
-    pair, pair_seen = jax.jit(pair_fitness)(flat, scale, eps, key, stats)
-    plus, plus_seen = jax.jit(fitness)(flat + scale * eps, key, stats)
-    minus, minus_seen = jax.jit(fitness)(flat - scale * eps, key, stats)
-    assert float(plus) != float(minus)  # two different members
-    np.testing.assert_allclose(pair, [plus, minus], rtol=1e-4)
-    if normalize:
-        both = es.reduce_stats(jax.tree.map(lambda a, b: jnp.stack([a, b]), plus_seen, minus_seen))
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), pair_seen, both)
-    else:
-        assert pair_seen == ()
-    # make_anakin_es takes this path for its MLP policy with low-rank noise.
-    mesh = parallel.make_mesh(jax.devices()[:1])
-    assert _make_parts(env, policy, es.ESConfig(population=4, low_rank=1), mesh, None).pair_fitness
-    assert _make_parts(env, policy, es.ESConfig(population=4), mesh, None).pair_fitness is None
+    config = es.ESConfig(variant=variant, population=8, horizon=80, episodes_per_member=episodes, low_rank=1,
+                         sigma=0.5)
+    honest = es.make_strategy(config, [leaf.shape for leaf in jax.tree.leaves(
+        _policy(env).init(jax.random.PRNGKey(0), jnp.zeros(env.spec.obs_shape)))])
+    agent = make_agent(_policy(env), None, config, env.spec, 80)
+    state = agent.init(jax.random.PRNGKey(3))
+    assert isinstance(agent.for_rollout(state, jnp.arange(8 * episodes)).params, Perturbation)  # by pairs
+    returns = []
+    for strategy in (honest, honest._replace(perturb=None)):  # by pairs, then member by member
+        programs = _programs(env, config, jax.devices()[:1], strategy)
+        _, experience = programs.act(programs.init(jax.random.PRNGKey(3)))
+        returns.append(np.asarray(experience.batch[0]))
+    assert len(np.unique(returns[1])) > 2  # different members
+    np.testing.assert_allclose(returns[0], returns[1], rtol=1e-4, atol=1e-4)
 
 
-def test_normalized_episode_reports_only_the_observations_before_the_end():
+def test_ars_v2_counts_only_the_observations_before_the_end():
     env = make_env("CartPole-v1")
-    episode = make_episode_fn(env, lambda params, obs: jnp.int32(0), horizon=200, normalize=True)
-    stats = es.init_running_stats(4)
-    episode_return, seen = jax.jit(lambda key: episode(None, key, stats))(jax.random.PRNGKey(1))
-    assert float(seen.count) == float(episode_return) > 0  # one observation per rewarded step
+    config = es.ESConfig(variant="ars_v2", population=4, horizon=200, top_directions=2)
+    programs = _programs(env, config, jax.devices()[:1])
+    _, experience = programs.act(programs.init(jax.random.PRNGKey(1)))
+    returns, seen = np.asarray(experience.batch[0]), experience.bootstrap_value  # each environment's
+    # One observation per rewarded step (CartPole pays 1 a step), none after an episode's end.
+    np.testing.assert_array_equal(np.asarray(seen.count), returns)
+    assert np.all(returns < 200)
 
 
-# ---------------------------------------------------------------- learning
+# ---------------------------------------------------------------- devices
 
 
-def test_learns_cartpole_where_a_flipped_update_cannot():
-    config = es.ESConfig(population=32, generations_per_call=4, eval_episodes=8)
-    devices = jax.devices()[:1]
-    runner, history, step = _run("CartPole-v1", config, devices, calls=8)
-    returns = [float(m["mean_params_return"]) for m in history]
-    assert returns[-1] >= 475, returns
-    assert returns[0] < 475, returns  # it learned: the first mean did not already solve it
-    assert float(history[-1]["fitness_mean"][-1]) > 300
-    assert int(runner.strategy.generation) == 8 * 4
-    assert step._cache_size() == 1  # later calls reuse the first compilation
-
-    # The same loop with the update's sign flipped (minimising the return).
-    honest = es.make_strategy(config)
-    flipped = honest._replace(tell=lambda state, key, fitness: honest.tell(state, key, -fitness))
-    _, broken, _ = _run("CartPole-v1", config, devices, calls=8, strategy=flipped)
-    assert max(float(m["mean_params_return"]) for m in broken) < 100
+@pytest.mark.parametrize("variant", ["openai", "ars_v2"])
+def test_the_mean_evaluation_is_the_same_on_1_and_8_devices(variant):
+    assert len(jax.devices()) == 8
+    env = make_env("CartPole-v1")
+    config = es.ESConfig(variant=variant, population=8, eval_episodes=12)
+    state = make_agent(_policy(env), None, config, env.spec, 200).init(jax.random.PRNGKey(2))
+    if variant == "ars_v2":  # statistics that change what the policy sees
+        state = state._replace(obs_stats=es.observation_stats(jax.random.normal(jax.random.PRNGKey(4), (50, 4))))
+    one, eight = (float(make_mean_evaluation(env, _policy(env), config, 200, parallel.make_mesh(devices))(state))
+                  for devices in (jax.devices()[:1], jax.devices()))
+    assert 0 < one < 200
+    np.testing.assert_allclose(one, eight, rtol=1e-5)
 
 
 def test_config_rejects_settings_that_cannot_work():
@@ -151,44 +149,7 @@ def test_config_rejects_settings_that_cannot_work():
     with pytest.raises(ValueError, match="--low-rank applies to --variant=openai only"):
         es.ESConfig(variant="ars_v1", low_rank=1)
     with pytest.raises(PodracerError, match="population=12"):
-        _anakin_es("CartPole-v1", es.ESConfig(population=12), jax.devices())
-
-
-# ---------------------------------------------------------------- devices
-
-
-@pytest.mark.parametrize("env_id, variant", [("Pendulum-v1", "openai"), ("CartPole-v1", "ars_v2")])
-def test_same_step_on_1_and_8_devices(env_id, variant):
-    assert len(jax.devices()) == 8
-    config = es.ESConfig(variant=variant, population=16, horizon=100, episodes_per_member=2,
-                         generations_per_call=3, eval_episodes=12, sigma=0.1, es_lr=0.05)
-    one, m1, _ = _run(env_id, config, jax.devices()[:1], calls=2)
-    eight, m8, _ = _run(env_id, config, jax.devices(), calls=2)
-    assert int(one.strategy.generation) == int(eight.strategy.generation) == 6
-    initial, _ = _anakin_es(env_id, config, jax.devices()[:1])
-    assert not np.allclose(one.strategy.mean, initial.strategy.mean)  # not vacuous
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-                 one.strategy, eight.strategy)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
-                 one.obs_stats, eight.obs_stats)
-    if variant == "ars_v2":
-        assert float(eight.obs_stats.count) > 0
-    for a, b in zip(m1, m8):
-        np.testing.assert_allclose(a["fitness_mean"], b["fitness_mean"], rtol=1e-4)
-        np.testing.assert_allclose(a["mean_params_return"], b["mean_params_return"], rtol=1e-4)
-
-
-def test_low_rank_es_matches_on_1_and_8_devices_and_learns():
-    config = es.ESConfig(population=16, horizon=200, generations_per_call=4, eval_episodes=8,
-                         low_rank=1)
-    one, m1, _ = _run("CartPole-v1", config, jax.devices()[:1], calls=2)
-    eight, m8, _ = _run("CartPole-v1", config, jax.devices(), calls=2)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-                 one.strategy, eight.strategy)
-    for a, b in zip(m1, m8):
-        np.testing.assert_allclose(a["fitness_mean"], b["fitness_mean"], rtol=1e-4)
-    _, history, _ = _run("CartPole-v1", config, jax.devices()[:1], calls=6)
-    assert history[0]["mean_params_return"] < 100 and history[-1]["mean_params_return"] >= 150
+        members_per_device(es.ESConfig(population=12), len(jax.devices()))
 
 
 # ---------------------------------------------------------------- command line

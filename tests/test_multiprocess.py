@@ -206,10 +206,10 @@ def test_es_population_spans_both_processes_and_matches_one_process(tmp_path):
     from podracer.orchestrate.cli import parse_configs
 
     _, runner = train_es(parse_configs([*ES, f"--run-dir={one}"]), devices=jax.devices()[:4])
-    a = _final(two)["strategy"]["mean"]
-    np.testing.assert_allclose(a, np.asarray(runner.strategy.mean), rtol=1e-5, atol=1e-6)
+    a = _final(two)["train"]["strategy"]["mean"]
+    np.testing.assert_allclose(a, np.asarray(runner.train.strategy.mean), rtol=1e-5, atol=1e-6)
     # The generations after the first call moved the mean: the runs agree on something.
-    first = restore_on_host(str(two / "checkpoints" / "3200" / "state"))["strategy"]["mean"]
+    first = restore_on_host(str(two / "checkpoints" / "3200" / "state"))["train"]["strategy"]["mean"]
     assert np.abs(a - first).max() > 1e-3
 
 

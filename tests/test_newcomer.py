@@ -198,11 +198,11 @@ def test_sebulba_es_progress_ends_at_the_steps_it_trained(tmp_path):
 
 def test_an_es_run_without_a_horizon_leaves_the_refusal_to_its_build(monkeypatch):
     # The first line is printed after the run directory is made: it must not refuse (nor leave it behind).
-    from podracer.anakin import es as anakin_es
+    from podracer.es import agent as es_agent
     from podracer.errors import PodracerError
 
     def no_time_limit(env, config):
         raise PodracerError(f"{env.env_id} has no episode time limit to default to; pass --horizon")
 
-    monkeypatch.setattr(anakin_es, "episode_horizon", no_time_limit)
+    monkeypatch.setattr(es_agent, "episode_horizon", no_time_limit)
     assert plan.rounding_note(parse_configs(["--algo=es", "--total-steps=1000"])) == ""

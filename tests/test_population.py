@@ -31,11 +31,11 @@ def _params_after_one_call(argv, devices, es=False):
     build = (train_es if es else anakin_train).build
     built = build(configs, devices)
     runner = built.init(jax.random.PRNGKey(configs.run.seed))
-    initial = jax.device_get(runner.strategy.mean if es else runner.train.params)
+    initial = jax.device_get(runner.train.strategy.mean if es else runner.train.params)
     runner, _ = built.step(runner)
     runner, _ = built.step(runner)
     assert built.step._cache_size() == 1  # one program for the whole population, called twice
-    params = runner.strategy.mean if es else runner.train.params
+    params = runner.train.strategy.mean if es else runner.train.params
     return jax.device_get(initial), jax.device_get(params)
 
 

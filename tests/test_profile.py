@@ -282,8 +282,8 @@ def _es_fused_and_profiled(tmp_path, flags):
     fused, fused_runner = train_es(_configs(tmp_path, "fused", *flags), devices)
     profiled, profiled_runner = train_es(_configs(tmp_path, "profiled", *flags, "--profile",
                                                   "--profile-trace-s=0"), devices)
-    np.testing.assert_allclose(np.asarray(profiled_runner.strategy.mean),
-                               np.asarray(fused_runner.strategy.mean), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(profiled_runner.train.strategy.mean),
+                               np.asarray(fused_runner.train.strategy.mean), rtol=1e-6, atol=1e-6)
     return fused, profiled
 
 

@@ -1,27 +1,42 @@
-"""Anakin ES: what is its own (the population's jitted generations, its log row and summary keys).
+"""Anakin ES: what is its own (sizes from its section, the mean parameters' evaluation, its log row and summary).
 
-The host sequence is the run session's (`podracer.session.session`), the call
-loop Anakin's (`podracer.anakin.calls`).
+ES is an agent on the contract (`podracer.es.agent`): Anakin's one builder
+(`podracer.anakin.loop.make_programs`) runs its generations, a population of
+ES runs and `--profile`'s phases as it runs any agent's updates. What stays
+here is what a user of ES reads: the episode return of the search
+distribution's mean after every call (`mean_params_return`), the log row
+(`podracer.es.metrics.es_row`) and the summary's keys. The host sequence is
+the run session's (`podracer.session.session`), the call loop Anakin's
+(`podracer.anakin.calls`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, PartitionSpec as P
 
-from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
-from podracer.envs.jax_envs import make_env
 from podracer import population
-from podracer.envs.spec import check_masked_inputs
-from podracer.anakin.es import make_anakin_es, make_anakin_es_phases, make_es_layout
-from podracer.anakin.population import agent_inputs, make_anakin_es_population, make_anakin_es_population_phases
 from podracer.acting import es_policy
-from podracer.anakin.profiled import NOTE, compile_es_phases, make_profiled_es_step
+from podracer.agent import fixed_agent
+from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
+from podracer.anakin.loop import AnakinConfig, make_programs
+from podracer.anakin.population import agent_inputs
+from podracer.anakin.profiled import NOTE, compile_agent_phases, make_profiled_train
+from podracer.envs.jax_envs import GymnaxEnv, make_env
+from podracer.envs.spec import check_masked_inputs
+from podracer.es.agent import ESState, episode_horizon, make_agent, members_per_device
+from podracer.es.config import ESConfig
 from podracer.es.metrics import ES_FIX, es_row
 from podracer.networks import make_policy_network
+from podracer.normalize import ars_normalize
 from podracer.protocol import parallel
 from podracer.session.session import RunSession, placed_for
 
@@ -29,29 +44,117 @@ if TYPE_CHECKING:  # the command line's run spec, built above this layer
     from podracer.orchestrate.spec import RunSpec
 
 
+class ESLayout(NamedTuple):
+    """Sizes derived from the ES section, the environment and the mesh."""
+
+    num_devices: int
+    members_per_device: int
+    horizon: int
+    steps_per_generation: int  # global env steps simulated by the population
+
+
+def make_episode(env: GymnaxEnv, apply: Callable, horizon: int, normalize: bool, axis_names=()) -> Callable:
+    """`episode(params, obs_stats, key) -> return` of one episode of a deterministic policy.
+
+    `apply(params, obs) -> action`; rewards count up to the episode's first end
+    (terminated or truncated), and it is cut at `horizon` steps. ARS V2
+    (`normalize`) feeds the policy observations normalised by `obs_stats`.
+    After the end the environment starts again from its first state
+    (`GymnaxEnv.draw_restarting`): those steps only fill the fixed-length scan.
+    `axis_names`: the mesh axes the caller runs under, if any.
+    """
+
+    def episode(params, obs_stats, key):
+        reset_key, steps_key = jax.random.split(key)
+        env_state, first = env.reset(reset_key)
+        first_state = env_state
+
+        def step(carry, step_key):
+            env_state, obs, total, alive = carry
+            policy_obs = ars_normalize(obs_stats, obs.reshape(-1)).reshape(obs.shape) if normalize else obs
+            draws = env.draw_restarting(step_key, first.obs, first_state)
+            env_state, ts = env.step_with(draws, env_state, apply(params, policy_obs))
+            total = total + alive * ts.reward
+            alive = alive * (1.0 - jnp.logical_or(ts.terminated, ts.truncated).astype(jnp.float32))
+            return (env_state, ts.obs, total, alive), None
+
+        carry = parallel.vary((env_state, first.obs, jnp.zeros(()), jnp.ones(())), axis_names)
+        (_, _, total, _), _ = jax.lax.scan(step, carry, jax.random.split(steps_key, horizon))
+        return total
+
+    return episode
+
+
+def make_mean_evaluation(env: GymnaxEnv, policy, config: ESConfig, horizon: int, mesh: Mesh,
+                         agents: bool = False) -> Callable:
+    """Jitted `evaluate(state: ESState) -> mean return` of the search distribution's mean.
+
+    `config.eval_episodes` episodes of the mean's deterministic policy
+    (`make_episode`), split over the devices by global index so that the
+    figure does not depend on the device count. The episodes' keys come from
+    the state's key and generation, so a resumed run evaluates as it would have.
+    With `agents` the state has a leading agent axis and so has the result.
+    """
+    per_device = -(-config.eval_episodes // mesh.devices.size)
+    axes = (parallel.DATA_AXIS,)
+    dummy_obs = jnp.zeros(env.spec.obs_shape, env.spec.obs_dtype)
+    _, unravel = ravel_pytree(policy.init(jax.random.PRNGKey(0), dummy_obs))
+    episode = make_episode(env, policy.apply, horizon, config.normalize_observations, axes)
+
+    def evaluate(state: ESState):
+        key = jax.random.fold_in(jax.random.split(state.key)[1], state.strategy.generation)
+        index = parallel.axis_offset(per_device, axes) + jnp.arange(per_device)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
+        returns = jax.vmap(episode, in_axes=(None, None, 0))(unravel(state.strategy.mean), state.obs_stats, keys)
+        total = parallel.psum(jnp.sum(jnp.where(index < config.eval_episodes, returns, 0.0)), axes)
+        return total / config.eval_episodes
+
+    evaluate = jax.vmap(evaluate) if agents else evaluate
+    return jax.jit(jax.shard_map(evaluate, mesh=mesh, in_specs=P(), out_specs=P(),
+                                 check_vma=getattr(env, "check_vma", True)))
+
+
 def build(configs: RunSpec, devices=None, profile: bool = False) -> Program:
-    """Environment, sizes, the jitted `init`/`step` and, to profile, the step's phases."""
+    """Environment, sizes, the ES agent's jitted `init`/`train` (and its phases, to profile)."""
     run, es_config, net = configs.run, configs.agent, configs.network
     env = make_env(run.env)
     mesh = parallel.make_mesh(devices)
-    layout = make_es_layout(es_config, env, mesh)
+    horizon = episode_horizon(env, es_config)
+    layout = ESLayout(mesh.devices.size, members_per_device(es_config, mesh.devices.size), horizon,
+                      es_config.population * es_config.episodes_per_member * horizon)
     steps_per_call = layout.steps_per_generation * es_config.generations_per_call
     num_calls = max(1, math.ceil(run.total_steps / steps_per_call))
     check_masked_inputs(env.spec, es_config.normalize_observations)
     policy = make_policy_network(env.spec.obs_shape, env.spec.action_dim, env.spec.discrete,
                                  net.hidden, net.activation, env.spec.action_mask)
-    if population.is_population(configs):
-        # One agent's step with its settings, vmapped over the agents (and so are the phases).
-        members = population.agents(configs)
-        config_for = lambda hparams: population.configs_for(configs, hparams).agent
-        init, step = make_anakin_es_population(env, policy, config_for, mesh)
-        keys, hparams = agent_inputs(members)
-        phases = make_anakin_es_population_phases(env, policy, config_for, mesh) if profile else None
-        return Program(env, policy, layout, Calls(0, num_calls, steps_per_call),
-                       Init(init, lambda _key: (keys, hparams)), step, phases)
-    init, step = make_anakin_es(env, policy, es_config, mesh)
-    phases = make_anakin_es_phases(env, policy, es_config, mesh) if profile else None
-    return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), Init.of_key(init), step, phases)
+    # A generation is one rollout: each environment one episode of its member.
+    sizes = AnakinConfig(num_envs=es_config.population * es_config.episodes_per_member, rollout_len=horizon,
+                         updates_per_call=es_config.generations_per_call)
+    is_population = population.is_population(configs)
+    if is_population:
+        # Each agent's generations with its swept settings; every device holds every agent and
+        # the members of each agent's generation are split over the devices, as for one agent.
+        agent_for = lambda hparams, axes: make_agent(policy, None, population.configs_for(configs, hparams).agent,
+                                                     env.spec, horizon, axes)
+        programs = make_programs(env, agent_for, sizes, mesh, population=True)
+        keys, hparams = agent_inputs(population.agents(configs))
+        init = Init(programs.init, lambda _key: (keys, hparams))
+    else:
+        programs = make_programs(env, fixed_agent(make_agent, policy, None, es_config, env.spec, horizon), sizes, mesh)
+        init = Init.of_key(programs.init)
+    phases = (programs.act, programs.learn) if profile else None
+    return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, programs.train, phases)
+
+
+def _call_metrics(metrics, mean_params_return) -> dict:
+    """One call's metrics as `es_row` reads them: the strategy's, stacked over its generations.
+
+    The loop's episode counts are left out: an ES generation's episodes are its
+    members' fitness, which the strategy's metrics already give.
+    """
+    metrics = {k: v for k, v in parallel.to_host(metrics).items()
+               if k not in ("episodes", "episode_return_sum", "episode_length_sum")}
+    return dict(metrics, mean_params_return=parallel.to_host(mean_params_return))
 
 
 def train_es(configs: RunSpec, devices=None):
@@ -65,36 +168,49 @@ def train_es(configs: RunSpec, devices=None):
     included: they are computed and masked); the evaluation episodes of the mean
     parameters are extra and not counted. `episode_return_mean` is the mean
     fitness of the population over the call's generations, `mean_params_return`
-    the return of the mean parameters after the call. With `--profile`, the
-    step's phases run as separate programs, timed apart
-    (`podracer.anakin.profiled`).
+    the return of the mean parameters after the call. With `--profile`, acting
+    (the population's episodes), learning (`tell`) and the mean's evaluation
+    run as separate programs, timed apart (`podracer.anakin.profiled`).
     """
     session = RunSession(configs)
     run, es_config = configs.run, configs.agent
     generations_per_call = es_config.generations_per_call
     built = build(configs, devices, profile=session.profiler is not None)
-    runner, meta, step, compile_s = open_with_programs(session, built, run.seed)
+    runner, meta, train, compile_s = open_with_programs(session, built, run.seed)
     calls = built.calls._replace(start=int(meta.get("calls", 0)))
     members = population.agents(configs)
     pop_log = (session.population_log(members, "mean_params_return")
                if population.is_population(configs) else None)
+    compile_start = time.perf_counter()
     if session.profiler:
-        compile_start = time.perf_counter()
-        hparams = runner.hparams if pop_log is not None else None
-        step = make_profiled_es_step(compile_es_phases(built.phases, runner, hparams), session.measure,
-                                     agents=pop_log is not None)
-        compile_s += time.perf_counter() - compile_start
+        train = make_profiled_train(*compile_agent_phases(*built.phases, runner), generations_per_call,
+                                    session.measure, names=("evaluate", "tell"))
     else:
-        runner = placed_for(step, runner)
+        runner = placed_for(train, runner)
+    evaluate_mean = make_mean_evaluation(built.env, built.network, es_config, built.layout.horizon,
+                                         parallel.make_mesh(devices), population.is_population(configs))
+    evaluate_mean = evaluate_mean.lower(runner.train).compile()
+    compile_s += time.perf_counter() - compile_start
+
+    def step(runner):
+        runner, metrics = train(runner)
+        with session.measure("evaluate_mean") if session.profiler else contextlib.nullcontext():
+            mean_return = evaluate_mean(runner.train)
+            if session.profiler:
+                jax.block_until_ready(mean_return)
+        return runner, (metrics, mean_return)
+
     session.start(calls.total * calls.steps_per_call, compile_s)
     last_row: dict = {}
 
-    def record(call: int, metrics) -> None:
+    def record(call: int, outputs) -> None:
+        metrics = _call_metrics(*outputs)
         if pop_log is None:
             row = es_row(metrics)
-        else:
-            host = parallel.to_host(metrics)
-            row = pop_log.row([es_row(jax.tree.map(lambda x: x[i], host)) for i in range(len(members))])
+        else:  # [generations, agents] (the mean's return: [agents])
+            agent = lambda i: {k: (v[i] if k == "mean_params_return" else np.take(v, i, axis=1))
+                               for k, v in metrics.items()}
+            row = pop_log.row([es_row(agent(i)) for i in range(len(members))])
         done, elapsed = call + 1 - calls.start, session.elapsed()
         generations = (call + 1) * generations_per_call
         env_steps = (call + 1) * calls.steps_per_call
@@ -109,12 +225,12 @@ def train_es(configs: RunSpec, devices=None):
 
     outcome = run_calls(session, step, runner, calls, record, NOTE if session.profiler else None)
     new_calls = outcome.calls - calls.start
-    strategy = outcome.runner.strategy
+    state: ESState = outcome.runner.train
     summary = session.finish(
         env_steps=outcome.calls * calls.steps_per_call,
         new_steps=new_calls * calls.steps_per_call,
         episode_return_mean=last_row.get("episode_return_mean"),
-        fingerprint_of=strategy.mean,
+        fingerprint_of=state.strategy.mean,
         devices={"devices": built.layout.num_devices},
         extra={
             "variant": es_config.variant,
@@ -124,10 +240,11 @@ def train_es(configs: RunSpec, devices=None):
                                   if session.train_s > 0 and new_calls else None),
             "population": es_config.population,
             "horizon": built.layout.horizon,
-            "num_params": int(strategy.mean.shape[-1]),
+            "num_params": int(state.strategy.mean.shape[-1]),
             **(session.population_summary(pop_log) if pop_log else {}),
         },
         stopped=outcome.stopped,
-        policy=lambda: es_policy(strategy.mean, outcome.runner.obs_stats, es_config, configs.network,
+        policy=lambda: es_policy(state.strategy.mean, state.obs_stats, es_config, configs.network,
                                  built.env.spec))
     return summary, outcome.runner
+

@@ -12,9 +12,9 @@ a network's parameters with `jax.flatten_util.ravel_pytree`:
     state, metrics = strategy.tell(state, key, fitness)  # same key as `ask`
 
 Over a mesh: `step = es.make_sharded_step(strategy, fitness_fn, mesh)`. From
-settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`; Anakin ES
-(gymnax rollouts on every device) is `podracer.anakin.es.make_anakin_es`, and ES as an agent on
-the contract, for Anakin's one program builder, is `es.make_agent` (`podracer.es.agent`); Sebulba ES
+settings: `strategy = es.make_strategy(es.ESConfig(variant="ars_v1"))`. ES as an agent on
+the contract is `es.make_agent` (`podracer.es.agent`): Anakin's one program builder
+(`podracer.anakin.loop.make_programs`) runs it on gymnax rollouts over every device; Sebulba ES
 (envpool actor threads) is `podracer.sebulba.train_es.train_es`.
 """
 

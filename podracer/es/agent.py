@@ -63,6 +63,21 @@ class Members(NamedTuple):
     obs_stats: RunningStats
 
 
+def episode_horizon(env, config: ESConfig) -> int:
+    """`config.horizon`, or the environment's own time limit when it is 0 (a generation's rollout length)."""
+    if config.horizon:
+        return config.horizon
+    limit = getattr(env, "horizon", None)  # gymnax's max_steps_in_episode, a suite's time limit
+    if not limit:
+        raise PodracerError(f"{env.env_id} has no episode time limit to default to; pass --horizon")
+    return int(limit)
+
+
+def members_per_device(config: ESConfig, num_devices: int) -> int:
+    """The generation's members on each of `num_devices` devices; a split that cannot work is refused."""
+    return parallel.split_evenly(config.population, num_devices, "population members", "--population")
+
+
 def generation_key(state: ESState) -> jax.Array:
     """The key of the generation `state` is at: the same for `ask` before the rollout and `tell` after it."""
     return jax.random.fold_in(state.key, state.strategy.generation)

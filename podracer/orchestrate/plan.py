@@ -25,7 +25,7 @@ def steps_per_call(configs: RunSpec) -> int | None:
         if run.arch == "sebulba":
             return None
         from podracer.envs.jax_envs import make_env
-        from podracer.anakin.es import episode_horizon
+        from podracer.es.agent import episode_horizon
 
         es = configs.agent
         horizon = episode_horizon(make_env(run.env), es)

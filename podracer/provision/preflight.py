@@ -121,7 +121,7 @@ def _check_layout(configs: RunSpec, shape: SliceShape) -> None:
         else:
             make_layout(configs.sebulba, configs.agent, split, shape.hosts, recurrent)
     elif run.algo == "es":
-        from podracer.anakin.es import members_per_device
+        from podracer.es.agent import members_per_device
 
         members_per_device(configs.agent, shape.devices)
     else:
