@@ -61,6 +61,7 @@ class Members(NamedTuple):
 
     params: Any  # this device's members' parameter trees [M, ...], or a `Perturbation` of its pairs [P, ...]
     obs_stats: RunningStats
+    env_index: jax.Array  # [B] the environments' global indices: where each return goes in `learn`
 
 
 def generation_key(state: ESState) -> jax.Array:
@@ -130,9 +131,9 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
                 noise = jax.tree.unflatten(jax.tree.structure(variables), list(noise))
             else:
                 noise = jax.vmap(unravel)(noise)
-            return Members(Perturbation(unravel(pairs.mean), pairs.scale, noise), state.obs_stats)
+            return Members(Perturbation(unravel(pairs.mean), pairs.scale, noise), state.obs_stats, env_index)
         flat = strategy.ask(state.strategy, key, first_member + jnp.arange(num_members))
-        return Members(jax.vmap(unravel)(flat), state.obs_stats)
+        return Members(jax.vmap(unravel)(flat), state.obs_stats, env_index)
 
     def act(members: Members, obs, randomness, carry):
         num_envs = obs.shape[0]
@@ -157,11 +158,14 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
         if normalize:
             obs = trajectory.obs.reshape(*trajectory.obs.shape[:2], -1)
             seen = jax.vmap(observation_stats, in_axes=(1, 1))(obs, alive)  # one per environment [B]
-        return returns[None], seen  # [1, B]: a time-major row, sharded as any rollout
+        # [1, B] time-major rows, sharded as any rollout; with the environments' indices, as an
+        # architecture may gather its columns in another order (Sebulba: by learner device).
+        return (returns[None], members.env_index[None]), seen
 
-    def learn(state: ESState, returns, seen, key, carry):
+    def learn(state: ESState, batch, seen, key, carry):
         del key, carry
-        episode_returns = parallel.all_gather(returns[0], axis_names)
+        returns, env_index = (parallel.all_gather(row[0], axis_names) for row in batch)
+        episode_returns = jnp.zeros_like(returns).at[env_index].set(returns, unique_indices=True)
         fitness = jnp.mean(episode_returns.reshape(config.population, episodes), axis=1)
         strategy_state, metrics = strategy.tell(state.strategy, generation_key(state), fitness)
         obs_stats = state.obs_stats

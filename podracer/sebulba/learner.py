@@ -61,16 +61,18 @@ def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformatio
 
 
 def shipment_shapes(agent: Any, acting: Acting, acting_state: Any, rollout_len: int, num_envs: int,
-                    mesh: Mesh) -> tuple[Any, Any, Any]:
-    """Abstract (batch, bootstrap, carry) of one actor thread's shipment of `num_envs` columns (over
-    every process), placed on `mesh` as the actors place them: for compiling the learner ahead."""
+                    mesh: Mesh, processes: int = 1) -> tuple[Any, Any, Any]:
+    """Abstract (batch, bootstrap, carry) of one shipment: an actor thread's `num_envs` columns from each of
+    `processes` processes, placed on `mesh` as the actors place them: for compiling the learner ahead."""
     trajectory = trajectory_shapes(acting, rollout_len, num_envs)
-    batch, bootstrap = jax.eval_shape(agent.prepare, acting_state, trajectory)
-    place = lambda tree, sharding: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+    # `prepare` is given what `Agent.for_rollout` makes of the acting state.
+    batch, bootstrap = jax.eval_shape(agent.prepare, acting.rollout_state, trajectory)
+    place = lambda tree, sharding, axis: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((*x.shape[:axis], x.shape[axis] * processes, *x.shape[axis + 1:]),
+                                       x.dtype, sharding=sharding), tree)
     by_column = parallel.sharded(mesh)
-    return (place(batch, parallel.time_major_sharded(mesh)), place(bootstrap, by_column),
-            place(trajectory.next_carry, by_column))
+    return (place(batch, parallel.time_major_sharded(mesh), 1), place(bootstrap, by_column, 0),
+            place(trajectory.next_carry, by_column, 0))
 
 
 def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05,

@@ -32,7 +32,7 @@ from podracer.config import make_optimizer
 from podracer.envs.spec import check_masked_inputs
 from podracer.networks import is_recurrent
 from podracer.protocol import parallel
-from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor, warm_up
+from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor, thread_env_index, warm_up
 from podracer.sebulba.config import DeviceSplit, SebulbaLayout, make_layout, split_devices
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
@@ -83,10 +83,10 @@ def build(configs: RunSpec, devices=None) -> Setup:
     state = init(jax.random.fold_in(jax.random.PRNGKey(run.seed), 0))
     compile_start = time.perf_counter()
     acting_state = jax.eval_shape(agent.acting_state, state)
-    acting = make_acting(agent, acting_state, spec)
+    acting = make_acting(agent, acting_state, spec, layout.envs_per_thread)
     # One actor thread of every process fills one global shipment.
-    shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len,
-                               layout.envs_per_thread * jax.process_count(), mesh)
+    shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len, layout.envs_per_thread, mesh,
+                               jax.process_count())
     threads = layout.num_actor_threads
     step_fn = make_learn_step(agent.learn, mesh, agent.check_vma, agent.learned_state).lower(
         state, *((part,) * threads for part in shipment[:2]), jax.random.PRNGKey(0),
@@ -148,7 +148,8 @@ def train_agent(configs: RunSpec, devices=None):
                            seed=env_seed(run.seed, numbered, first_update))
         record = Actor(actor_id, envs, settings, split.actor[actor_id // sebulba.actor_threads],
                        setup.acting, store, queues[actor_id], setup.mesh,
-                       jax.random.fold_in(actor_key, numbered), control, timings)
+                       jax.random.fold_in(actor_key, numbered), control, timings,
+                       thread_env_index(numbered, layout.envs_per_thread))
         actors.append(actor_thread(control, run_actor, record, actor_id, "sebulba-actor"))
 
     logger = session.start(setup.num_updates * steps, setup.compile_s)

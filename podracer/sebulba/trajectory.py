@@ -26,6 +26,14 @@ every environment is done; then the trajectory is taken and the next one
 starts from the observations the actor holds. So every row of a trajectory was
 acted on by the same parameters, and a trajectory is a contiguous stretch of
 each environment's experience.
+
+For an agent that evaluates one new episode per environment and rollout
+(`Agent.fresh_episodes`), the actor resets the whole batch before each
+rollout (`restart`), and a column is complete as soon as its first episode
+ends: its remaining rows stay zeros, which the agent's `prepare` masks
+(`podracer.agent.first_episode`). The trajectory is taken once every
+environment's first episode has ended (or filled its T rows), not after T
+rows of each.
 """
 
 from __future__ import annotations
@@ -77,8 +85,9 @@ class TrajectoryBuilder:
     numpy calls.
     """
 
-    def __init__(self, rollout_len: int, num_envs: int, step: Any, carry: Any = ()):
+    def __init__(self, rollout_len: int, num_envs: int, step: Any, carry: Any = (), first_episode: bool = False):
         self.rollout_len = rollout_len
+        self._first_episode = first_episode  # a column ends with its first episode
         self.num_envs = num_envs
         self._step, self._carry_example = step, carry
         self._has_carry = bool(jax.tree.leaves(carry))
@@ -105,6 +114,16 @@ class TrajectoryBuilder:
         self._fill[:] = 0
         self._complete[:] = False
         self._counts = np.zeros(4, np.int64)  # results per fate, this trajectory
+
+    def restart(self) -> None:
+        """Every environment was reset: the results that follow answer no recorded action."""
+        self._row_of_action[:] = self.rollout_len
+        self._fate[:] = _UNSENT
+
+    @property
+    def complete(self) -> np.ndarray:
+        """[N] bool: the environments whose column is finished (read-only)."""
+        return self._complete
 
     @property
     def full(self) -> bool:
@@ -134,11 +153,13 @@ class TrajectoryBuilder:
         ended = open_ & obs_is_final & (fill > 0)
         if ended.any():
             self._final_obs[np.where(ended, fill - 1, t) * n + env_ids] = obs
+            if self._first_episode:
+                self._complete[env_ids] |= ended
         # The observation after an environment's T-th row, and the carry to act on it with.
         at_end = open_ & (fill == t)
         if at_end.any():
             _scatter(self._next, np.where(at_end, env_ids, n), (obs, carry_in))
-            self._complete[env_ids] = ~open_ | at_end
+            self._complete[env_ids] |= at_end
         write = open_ & ~obs_is_final & (fill < t)
         row = np.where(write, fill, t)
         if self._has_carry:
