@@ -107,6 +107,9 @@ class Learning(NamedTuple):
     changed since the last save. `guard(finite, update)` is the NaN guard (the
     run session's): it raises before a non-finite state is published or saved.
     `acting_state(state)` is what is published to the actors (`Agent.acting_state`).
+    An agent whose updates differ in size (ES: its generations' episodes) says
+    when to save (`save_due(updates_done)`, in place of `save_every`) and when to
+    stop (`finished()`, after an update, before `num_updates`).
     """
 
     step_fn: Callable  # compiled `make_learn_step`
@@ -123,6 +126,8 @@ class Learning(NamedTuple):
     save_every: int = 0
     interrupted: Callable[[], bool] = lambda: False
     guard: Callable[[bool, int], None] = lambda finite, update: None
+    save_due: Callable[[int], bool] | None = None
+    finished: Callable[[], bool] = lambda: False
 
 
 def run_learner(learning: Learning, state: Any) -> Any:
@@ -141,7 +146,9 @@ def run_learner(learning: Learning, state: Any) -> Any:
     and save, after the same update.
     """
     (step_fn, sources, store, num_updates, key, control, timings, on_update, acting_state, first_update,
-     save, save_every, interrupted, guard) = learning
+     save, save_every, interrupted, guard, save_due, finished) = learning
+    if save_due is None:
+        save_due = lambda done: bool(save_every) and done % save_every == 0
     saved = done = first_update
     for update in range(first_update, num_updates):
         shipments = take_one_each(sources, control, timings, interrupted)
@@ -160,9 +167,11 @@ def run_learner(learning: Learning, state: Any) -> Any:
             store.publish(acting_state(state), update + 1)
         on_update(update, shipments, metrics)
         done = update + 1
-        if save is not None and save_every and done % save_every == 0:
+        if save is not None and save_due(done):
             save(done, state)
             saved = done
+        if finished():
+            break
     if save is not None and done > saved:
         save(done, state)
     return state
