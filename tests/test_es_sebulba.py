@@ -208,11 +208,13 @@ def test_members_and_learner_equal_the_pure_ask_and_tell(variant):
         for thread in range(2):
             index = es_env_index(thread, layout, 16)
             members = acting.for_rollout(jax.device_put(state, jax.devices()[0]), index)
-            flat = jax.vmap(lambda tree: ravel_pytree(tree)[0])(members.params)  # [4 members, dims]
+            # One row per environment: 4 members' 2 episodes each, then the mean's evaluation episode.
+            flat = np.asarray(jax.vmap(lambda tree: ravel_pytree(tree)[0])(members.params))
+            np.testing.assert_array_equal(flat[:8:2], flat[1:8:2])
+            np.testing.assert_array_equal(flat[8], jax.device_get(state.strategy.mean))
+            at_mean = target(flat[8])
             # Each member's two episodes differ: its fitness is their mean.
-            at_mean = target(np.asarray(ravel_pytree(members.mean)[0]))  # the evaluation episode's return
-            returns = np.concatenate([np.repeat(target(np.asarray(flat)), 2) + np.tile([1.0, -1.0], 4),
-                                      [at_mean]])
+            returns = np.concatenate([target(flat[:8]) + np.tile([1.0, -1.0], 4), [at_mean]])
             rows = (returns.astype(np.float32), index, np.full(layout.envs_per_thread, 7.0, np.float32))
             batches.append(parallel.from_host(tuple(row[None] for row in rows), parallel.time_major_sharded(mesh)))
         seen = parallel.from_host(((),) * 2, parallel.sharded(mesh))

@@ -65,10 +65,11 @@ class ESState(NamedTuple):
 class Members(NamedTuple):
     """What acting reads during one generation's rollout (`Agent.for_rollout`)."""
 
-    params: Any  # this device's members' parameter trees [M, ...], or a `Perturbation` of its pairs [P, ...]
+    # This device's members' parameter trees [M, ...], or a `Perturbation` of its pairs [P, ...]; with
+    # `eval_envs`, one tree per environment [B, ...]: each member's for its episodes, then the mean's.
+    params: Any
     obs_stats: RunningStats
     env_index: jax.Array  # [B] the environments' global indices: where each return goes in `learn`
-    mean: Any = ()  # with `eval_envs`: the mean parameters' tree, which the batch's last environments act with
 
 
 def generation_key(state: ESState) -> jax.Array:
@@ -136,7 +137,12 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
         num_members = batch // episodes
         first_member = env_index[0] // episodes
         key = generation_key(state)
-        mean = unravel(state.strategy.mean) if eval_envs else ()
+        if eval_envs:  # every environment its own row, acted on in one vmap
+            flat = strategy.ask(state.strategy, key, first_member + jnp.arange(num_members))
+            mean = state.strategy.mean
+            rows = jnp.concatenate([jnp.repeat(flat, episodes, axis=0),
+                                    jnp.broadcast_to(mean, (eval_envs, mean.shape[0]))])
+            return Members(jax.vmap(unravel)(rows), state.obs_stats, env_index)
         if by_pairs and num_members % 2 == 0:
             pairs = strategy.perturb(state.strategy, key, first_member // 2, num_members // 2)
             noise = pairs.noise
@@ -144,17 +150,16 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
                 noise = jax.tree.unflatten(jax.tree.structure(variables), list(noise))
             else:
                 noise = jax.vmap(unravel)(noise)
-            return Members(Perturbation(unravel(pairs.mean), pairs.scale, noise), state.obs_stats, env_index, mean)
+            return Members(Perturbation(unravel(pairs.mean), pairs.scale, noise), state.obs_stats, env_index)
         flat = strategy.ask(state.strategy, key, first_member + jnp.arange(num_members))
-        return Members(jax.vmap(unravel)(flat), state.obs_stats, env_index, mean)
+        return Members(jax.vmap(unravel)(flat), state.obs_stats, env_index)
 
     def act(members: Members, obs, randomness, carry):
         if normalize:
             obs = ars_normalize(members.obs_stats, obs.reshape(obs.shape[0], -1)).reshape(obs.shape)
-        if not eval_envs:
-            return act_members(members, obs), carry, ()
-        at_mean = jax.vmap(policy.apply, in_axes=(None, 0))(members.mean, obs[-eval_envs:])
-        return jnp.concatenate([act_members(members, obs[:-eval_envs]), at_mean]), carry, ()
+        if eval_envs:
+            return jax.vmap(policy.apply)(members.params, obs), carry, ()
+        return act_members(members, obs), carry, ()
 
     def act_members(members: Members, obs):
         num_envs = obs.shape[0]

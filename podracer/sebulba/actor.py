@@ -129,6 +129,7 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any, num_envs: int | None
     action, _, extras = per_env(outputs)
     leaves, treedef = jax.tree.flatten(outputs)
     widths = [math.prod(x.shape[1:]) for x in leaves]
+    wide = [_wide(x.dtype) for x in leaves]  # worked out once: unpacking runs every step
 
     def step(state, obs, randomness, carry):
         return jnp.concatenate([_as_words(x) for x in jax.tree.leaves(agent.act(state, obs, randomness, carry))],
@@ -136,8 +137,8 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any, num_envs: int | None
 
     def unpack(packed: np.ndarray):
         out, column = [], 0
-        for leaf, width in zip(leaves, widths):
-            words = packed[:, column:column + width].view(_wide(leaf.dtype))
+        for leaf, width, as_type in zip(leaves, widths, wide):
+            words = packed[:, column:column + width].view(as_type)
             out.append(words.reshape(packed.shape[:1] + leaf.shape[1:]).astype(leaf.dtype, copy=False))
             column += width
         return jax.tree.unflatten(treedef, out)
@@ -184,11 +185,6 @@ def thread_env_index(thread: int, num_envs: int) -> np.ndarray:
     return thread * num_envs + np.arange(num_envs, dtype=np.int32)
 
 
-def rollout_state(acting: Acting, acting_state: Any, env_index: jax.Array) -> Any:
-    """What `act` and `prepare` are given for one trajectory (`Agent.for_rollout`)."""
-    return acting_state if acting.for_rollout is None else acting.for_rollout(acting_state, env_index)
-
-
 def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: int, num_envs: int,
             rollout_len: int) -> None:
     """Compile `acting`'s draw, step and `prepare` for `device` and an actor thread's shapes, before any
@@ -196,7 +192,8 @@ def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: in
     zeros = lambda tree: jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
     one_batch = lambda tree: jax.tree.map(lambda x: np.zeros((env_batch, *x.shape), x.dtype), tree)
     state = jax.device_put(acting_state, device)
-    state = rollout_state(acting, state, jax.device_put(thread_env_index(0, num_envs), device))
+    if acting.for_rollout is not None:
+        state = acting.for_rollout(state, jax.device_put(thread_env_index(0, num_envs), device))
     draws = Draws(acting, jax.device_put(jax.random.PRNGKey(0), device), rollout_len, env_batch)
     jax.block_until_ready(acting.step(state, one_batch(acting.row[0]), draws.next(), one_batch(acting.carry)))
     jax.block_until_ready(acting.prepare(state, zeros(trajectory_shapes(acting, rollout_len, num_envs))))
@@ -249,6 +246,7 @@ def run_actor(actor: Actor) -> None:
         carry = jax.tree.map(lambda x: np.zeros((envs.num_envs, *x.shape), x.dtype), acting.carry)
         starts = np.ones(envs.num_envs, bool)
         carry_in = ()  # the carry acted from this step
+        has_carry = bool(jax.tree.leaves(carry))  # (skipped per step without one)
         batch_sharding = parallel.time_major_sharded(learner_mesh)
         column_sharding = parallel.sharded(learner_mesh)
         with timings.measure("actor_params_wait"):
@@ -258,9 +256,14 @@ def run_actor(actor: Actor) -> None:
         draws = Draws(acting, jax.device_put(key, device), settings.rollout_len, envs.batch_size)
         returns, lengths = [], []
         produced = 0
-        if policy is not None:
-            with timings.measure("rollout_state"):
-                state = rollout_state(acting, policy.state, env_index)
+
+        def for_rollout(acting_state):
+            if acting.for_rollout is None:
+                return acting_state
+            with timings.measure("for_rollout"):
+                return acting.for_rollout(acting_state, env_index)
+
+        state = for_rollout(policy.state) if policy is not None else None
 
         def act(obs, env_ids):
             if not settings.time_transfers:
@@ -277,8 +280,9 @@ def run_actor(actor: Actor) -> None:
                     packed = np.asarray(packed)
             action, carry_out, extras = acting.unpack(packed)
             # Committed once the actions are sent; a re-act starts from carry_in again.
-            for leaf, new in zip(jax.tree.leaves(carry), jax.tree.leaves(carry_out)):
-                leaf[env_ids] = new
+            if has_carry:
+                for leaf, new in zip(jax.tree.leaves(carry), jax.tree.leaves(carry_out)):
+                    leaf[env_ids] = new
             return action, carry_out, extras
 
         envs.start()
@@ -286,16 +290,18 @@ def run_actor(actor: Actor) -> None:
             with timings.measure("env_step"):
                 step = envs.recv()
             builder.record_results(step.env_ids, step.reward, step.terminated, step.truncated)
-            # With fresh episodes, only each environment's first: the others are not learned from.
-            counted = step.episode_done & ~builder.complete[step.env_ids] if fresh else step.episode_done
+            counted = step.episode_done
             if counted.any():
+                if fresh:  # each environment's first episode only: the others are not learned from
+                    counted = counted & ~builder.complete[step.env_ids]
                 returns.append(step.episode_return[counted])
                 lengths.append(step.episode_length[counted])
             obs_is_final = step.terminated | step.truncated
-            starting = starts[step.env_ids]
-            carry_in = jax.tree.map(
-                lambda c: np.where(starting.reshape(-1, *(1,) * (c.ndim - 1)), 0, c[step.env_ids]), carry)
-            starts[step.env_ids] = obs_is_final  # the observation after a final one starts an episode
+            if has_carry:
+                starting = starts[step.env_ids]
+                carry_in = jax.tree.map(
+                    lambda c: np.where(starting.reshape(-1, *(1,) * (c.ndim - 1)), 0, c[step.env_ids]), carry)
+                starts[step.env_ids] = obs_is_final  # the observation after a final one starts an episode
             action, carry_out, extras = act(step.obs, step.env_ids)
             builder.record_actions(step.env_ids, step.obs, obs_is_final, action, extras, carry_in, carry_out)
             if builder.full:
@@ -319,8 +325,7 @@ def run_actor(actor: Actor) -> None:
                     policy = store.wait_for(wanted, device, control.stop)
                 if policy is None:
                     break
-                with timings.measure("rollout_state"):
-                    state = rollout_state(acting, policy.state, env_index)
+                state = for_rollout(policy.state)
                 if fresh:  # the next trajectory starts new episodes everywhere
                     with timings.measure("env_step"):
                         envs.start()

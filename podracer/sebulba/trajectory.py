@@ -91,6 +91,8 @@ class TrajectoryBuilder:
         self.num_envs = num_envs
         self._step, self._carry_example = step, carry
         self._has_carry = bool(jax.tree.leaves(carry))
+        # Rows of an observation and an action only (no extras, no carry): written without flattening.
+        self._plain = not jax.tree.leaves((step[2], carry))
         self._fill = np.zeros(num_envs, np.int64)  # rows written per environment
         self._complete = np.zeros(num_envs, bool)  # T rows and a next observation
         # Where the result of each environment's last action goes (row T: nowhere), and why.
@@ -104,6 +106,7 @@ class TrajectoryBuilder:
         rows, n = (self.rollout_len + 1) * self.num_envs, self.num_envs
         obs = self._step[0]
         self._rows = _zeros((self._step, self._carry_example), rows)  # ((obs, action, extras), carry after)
+        self._row_leaves = jax.tree.leaves(self._rows)
         self._final_obs = _zeros(obs, rows)
         self._reward = np.zeros(rows, np.float32)
         self._terminated = np.zeros(rows, bool)
@@ -150,7 +153,7 @@ class TrajectoryBuilder:
         open_ = ~self._complete[env_ids]
         # A final observation is the final observation of the row that ended there.
         # (The writes of rare events are skipped when none happened: this runs every step.)
-        ended = open_ & obs_is_final & (fill > 0)
+        ended = open_ & obs_is_final & (fill > 0) if obs_is_final.any() else obs_is_final
         if ended.any():
             self._final_obs[np.where(ended, fill - 1, t) * n + env_ids] = obs
             if self._first_episode:
@@ -164,7 +167,10 @@ class TrajectoryBuilder:
         row = np.where(write, fill, t)
         if self._has_carry:
             _scatter(self._initial_carry, np.where(write & (fill == 0), env_ids, n), carry_in)
-        _scatter(self._rows, row * n + env_ids, ((obs, action, extras), carry_out))
+        values = (obs, action) if self._plain else jax.tree.leaves(((obs, action, extras), carry_out))
+        index = row * n + env_ids
+        for buffer, value in zip(self._row_leaves, values, strict=True):
+            buffer[index] = value
         self._fill[env_ids] = fill + write
         self._row_of_action[env_ids] = row
         self._fate[env_ids] = np.where(write, _ROW, np.where(obs_is_final, _RESET, _DROPPED))
