@@ -315,6 +315,7 @@ def test_actor_failure_stops_every_thread(tmp_path, monkeypatch):
     (["--actor-devices", "0", "--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
     (["--horizon=100"], "--horizon does not apply to --arch=sebulba --algo=es"),
     (["--env=CartPol-v1"], "unknown envpool environment"),
+    (["--env=Pong-v5"], "GiB of observations per actor thread"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
     code = main(["--arch=sebulba", "--algo=es", *args, f"--run-dir={tmp_path}/run"])

@@ -19,6 +19,7 @@ the counters `Progress`) and the summary's keys.
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import time
@@ -29,6 +30,7 @@ import numpy as np
 
 from podracer.acting import es_policy
 from podracer.envs.spec import check_masked_inputs
+from podracer.errors import PodracerError
 from podracer.es.agent import ESState, make_agent
 from podracer.es.config import ESConfig
 from podracer.es.metrics import ES_FIX, es_row
@@ -48,6 +50,9 @@ from podracer.session.timing import Timings, as_metrics
 
 if TYPE_CHECKING:  # the command line's run spec, built above this layer
     from podracer.orchestrate.spec import RunSpec
+
+# The most observation bytes an actor thread may hold for one generation's trajectory.
+TRAJECTORY_BYTES = 2**31
 
 
 class ESLayout(NamedTuple):
@@ -111,6 +116,7 @@ def build(configs: RunSpec, devices=None) -> ESSetup:
     split = split_devices(sebulba, jax.local_devices() if devices is None else devices)
     layout = make_es_layout(es_config, sebulba, split, jax.process_count())
     horizon = episode_limit(run.env)
+    check_trajectory_size(spec, horizon, layout.envs_per_thread)
     check_masked_inputs(spec, es_config.normalize_observations)
     policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, net.hidden, net.activation,
                                  spec.action_mask)
@@ -121,6 +127,20 @@ def build(configs: RunSpec, devices=None) -> ESSetup:
                                                       layout, horizon)
     return ESSetup(spec, split, layout, horizon, mesh, agent, acting, state, step_fn,
                    int(state.strategy.mean.shape[0]), compile_s)
+
+
+def check_trajectory_size(spec: Any, horizon: int, num_envs: int) -> None:
+    """Refuse, in one line, a generation whose recorded observations would not fit in memory.
+
+    A generation's trajectory holds up to `horizon` observations of each
+    environment, and as many final ones (Atari's 27,000-step time limit of
+    84x84x4 frames: gigabytes per environment).
+    """
+    need = 2 * (horizon + 1) * num_envs * math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize
+    if need > TRAJECTORY_BYTES:
+        raise PodracerError(f"--algo=es on --arch=sebulba records each generation's episodes of up to {horizon:,} "
+                            f"steps: {need / 2**30:,.1f} GiB of observations per actor thread; use --arch=anakin, "
+                            f"or an environment with shorter episodes or smaller observations")
 
 
 class Progress(NamedTuple):
