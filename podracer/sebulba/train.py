@@ -82,10 +82,11 @@ def build(configs: RunSpec, devices=None) -> Setup:
     return Setup(spec, split, layout, num_updates, network, agent, acting, mesh, state, step_fn, compile_s)
 
 
-def compile_agent(agent: Agent, key: jax.Array, spec: Any, split: DeviceSplit, mesh: Any, layout: SebulbaLayout,
+def compile_agent(agent: Agent, key: jax.Array, spec: Any, split: DeviceSplit, mesh: Any, layout: Any,
                   rollout_len: int) -> tuple[Any, Acting, Any, float]:
     """`agent`'s initial state (from `key`, replicated over the learner `mesh`), its acting and its learner
-    step compiled for `layout`'s threads: `(state, acting, step_fn, compile_s)`."""
+    step compiled for `layout`'s threads: `(state, acting, step_fn, compile_s)`. `layout` has the
+    `num_actor_threads`, `envs_per_thread` and `env_batch` of a `SebulbaLayout` (or ES's `ESLayout`)."""
     # One jitted call: eager initialisation would compile every small op on its own.
     init = jax.jit(agent.init, out_shardings=parallel.replicated(mesh),
                    compiler_options=parallel.run_once_options(mesh))

@@ -122,7 +122,7 @@ def build(configs: RunSpec, devices=None) -> ESSetup:
                                  spec.action_mask)
     agent = make_agent(policy, None, es_config, spec, horizon, (parallel.DATA_AXIS,), eval_envs=layout.eval_envs)
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
-    # The seed's key itself: the same initial mean and generation keys as Anakin ES.
+    # The seed's key itself, which `init` splits into the initial parameters' key and the generations'.
     state, acting, step_fn, compile_s = compile_agent(agent, jax.random.PRNGKey(run.seed), spec, split, mesh,
                                                       layout, horizon)
     return ESSetup(spec, split, layout, horizon, mesh, agent, acting, state, step_fn,
