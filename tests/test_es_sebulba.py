@@ -173,8 +173,9 @@ def test_fitness_is_each_environments_return_until_done_also_across_generation_r
         assert shipment.dropped_steps > 0  # short episodes waited for the longest one
         # The episodes the log counts are the same ones: each environment's first.
         np.testing.assert_array_equal(np.sort(shipment.episode_returns), np.sort(hand_returns))
-        # ARS V2's statistics: the members' observations acted on, one per agent step.
-        seen = reduce_stats(jax.tree.map(lambda x: x[member], seen))
+        # ARS V2's statistics, over every environment as `learn` merges them: the members'
+        # observations acted on, one per agent step (the evaluation episodes' left out).
+        seen = reduce_stats(seen)
         members_observed = np.concatenate([np.stack(observed[i]) for i in np.flatnonzero(member)])
         assert float(seen.count) == len(members_observed) == lengths[member].sum()
         np.testing.assert_allclose(seen.mean, members_observed.mean(0), rtol=1e-4, atol=1e-6)
