@@ -317,6 +317,7 @@ def test_actor_failure_stops_every_thread(tmp_path, monkeypatch):
     (["--horizon=100"], "--horizon does not apply to --arch=sebulba --algo=es"),
     (["--env=CartPol-v1"], "unknown envpool environment"),
     (["--env=Pong-v5"], "GiB of observations per actor thread"),
+    (["--env=py:test_sebulba_gym:make_countdown"], "has no time limit (max_episode_steps)"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
     code = main(["--arch=sebulba", "--algo=es", *args, f"--run-dir={tmp_path}/run"])

@@ -19,7 +19,8 @@ import numpy as np
 
 from podracer.envs.spec import EnvSpec
 from podracer.errors import PodracerError
-from podracer.sebulba.gym_envs import VectorPool, feature_keys, flatten_obs, gym_spec, is_gym_id, spec_of_spaces
+from podracer.sebulba.gym_envs import (VectorPool, feature_keys, flatten_obs, gym_episode_limit, gym_spec, is_gym_id,
+                                       spec_of_spaces)
 
 
 class EnvStep(NamedTuple):
@@ -85,10 +86,11 @@ def _make_spec(env_id: str):
 def episode_limit(env_id: str) -> int:
     """The most agent steps an episode of `env_id` lasts (its time limit): what one fresh episode per
     environment (ES's generations) is cut at."""
-    if is_gym_id(env_id):
-        raise PodracerError(f"--algo=es on --arch=sebulba plays envpool ids, whose time limit cuts a "
-                            f"generation's episodes; {env_id} is a Gymnasium vector env: use an envpool id")
-    return int(_make_spec(_base(env_id)).config.max_episode_steps)
+    limit = gym_episode_limit(env_id) if is_gym_id(env_id) else _make_spec(_base(env_id)).config.max_episode_steps
+    if not limit:
+        raise PodracerError(f"--env={env_id} has no time limit (max_episode_steps), which one fresh episode "
+                            f"per environment is cut at; register it with one, or use an environment that has one")
+    return int(limit)
 
 
 def is_atari(env_id: str) -> bool:
