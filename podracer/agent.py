@@ -11,7 +11,8 @@ for `--profile`. Sebulba's actor threads (`podracer.sebulba.actor`) call `act`
 on their actor device with the latest `acting_state` the learner published,
 build the same `Trajectory` from the host environments' stream, `prepare` it
 there and ship the batch to the learner devices, which run `learn`
-(`podracer.sebulba.learner`) on the whole state.
+(`podracer.sebulba.learner`) on the whole state. Both run the optional
+`for_rollout` and `fresh_episodes` (ES).
 
 Every function is pure and jittable, and `make_agent` takes `axis_names` as
 `ppo.make_update` does: inside `shard_map` the architecture passes the mesh
@@ -156,6 +157,10 @@ class Agent(NamedTuple):
     one index live the same episode (ES: both members of an antithetic pair). What follows an
     episode's end within the rollout is for the agent to ignore (`prepare` masks it), so an ended
     episode restarts from the rollout's first state rather than drawing a new reset at every step.
+    Sebulba resets its envpool batch before each rollout and ends the rollout once every
+    environment's first episode has ended (or run its T rows); envpool draws each environment's
+    episodes from that environment's own seed, so there the index is not used and every
+    environment lives an episode of its own (both members of an ES pair play different ones).
     `None` (default): episodes run on across rollouts."""
     learned_state: Callable[[Any], Any] = lambda state: state
     """`learned_state(state) -> the part of it that learning computes`: what the architecture checks is

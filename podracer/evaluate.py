@@ -56,7 +56,7 @@ def envpool_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) ->
     stepping (envpool steps the batch) but count no more.
     """
     from podracer.sebulba.envs import EnvPoolEnvs
-    from podracer.sebulba.es_actor import EpisodeTally, in_slot_order
+    from podracer.sebulba.envs import EpisodeTally, in_env_order
 
     envs = EnvPoolEnvs(env_id, episodes, episodes, 0, seed=seed)
     memory = act.initial_carry(episodes) if hasattr(act, "initial_carry") else None  # a recurrent policy's state
@@ -65,7 +65,7 @@ def envpool_returns(act: Callable, env_id: str, episodes: int, seed: int = 0) ->
     try:
         envs.start()
         while True:
-            step = in_slot_order(envs.recv())
+            step = in_env_order(envs.recv())
             tally.record(step)
             if tally.done:
                 return tally.returns.copy()

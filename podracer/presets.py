@@ -113,7 +113,7 @@ PRESETS: dict[tuple[str, str, str], dict[str, Any]] = {
     # From about -1,000 to about -200 in 800 generations (10M steps): seconds on a CPU.
     ("anakin", "es", "Pendulum-v1"): {
         "hidden": (32, 32), "generations_per_call": 50, "total_steps": 10_000_000},
-    # Sebulba ES: one envpool slot per member and per evaluation episode, stepped
+    # Sebulba ES: one envpool environment per member episode and per evaluation episode, stepped
     # together. 64 members reach a mean return of 500 in about 8 generations,
     # seconds of training on a 2-core CPU.
     ("sebulba", "es", "CartPole-v1"): {"total_steps": 1_000_000, "log_every": 2},

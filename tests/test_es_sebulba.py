@@ -1,6 +1,7 @@
-"""Sebulba ES: envpool slots play population members, the learner tells as Anakin does."""
+"""Sebulba ES: the ES agent on Sebulba's actor threads (one fresh episode per environment) and learner."""
 
 import json
+import queue
 import signal
 import subprocess
 import threading
@@ -14,19 +15,23 @@ import numpy as np
 import pytest
 
 from conftest import LAUNCHER, PYTHON, REPO_ROOT
-from podracer import es
+from jax.flatten_util import ravel_pytree
+from podracer.normalize import reduce_stats
 from podracer.protocol import parallel
 from podracer.orchestrate.cli import main
 from podracer.orchestrate.spec import RunSpec
 from podracer.config import NetworkConfig, RunConfig
+from podracer.es.agent import generation_key, make_agent
 from podracer.es.config import ESConfig, make_strategy
+from podracer.networks import make_policy_network
+from podracer.sebulba.actor import Actor, ActorSettings, make_acting, run_actor
 from podracer.sebulba.config import SebulbaConfig, split_devices
 from podracer.sebulba.control import Control
-from podracer.sebulba.envs import EnvPoolEnvs, EnvStep
-from podracer.sebulba.es import (make_es_layout, make_es_learner_step, make_slot_params,
-                                 member_fitness, thread_members)
-from podracer.sebulba.es_actor import EpisodeTally, play_generation
+from podracer.sebulba.envs import EnvPoolEnvs, EnvStep, EpisodeTally, env_spec
+from podracer.sebulba.learner import make_learn_step
+from podracer.sebulba.params import ParamsStore
 from podracer.sebulba import train_es as sebulba_train_es
+from podracer.sebulba.train_es import es_env_index, make_es_layout
 from podracer.session.timing import Timings
 
 SMALL = (16,)  # hidden widths: small policies compile and evaluate fast
@@ -54,34 +59,34 @@ def _step(ids, reward, terminated, truncated=None, done=None, episode_return=Non
                    np.zeros(n, np.int32) if length is None else np.asarray(length, np.int32))
 
 
-def test_tally_keeps_each_slots_first_episode_and_ignores_the_rest():
+def test_tally_keeps_each_environments_first_episode_and_ignores_the_rest():
     tally = EpisodeTally(2)
     f, t = False, True
-    # The resets after `start`: both slots act on their first observation.
-    assert tally.record(_step([0, 1], [0, 0], [f, f])).tolist() == [t, t]
-    # Slot 0 ends its episode (return 3 over 2 steps); its final observation is not acted on.
-    counted = tally.record(_step([0, 1], [1, 1], [t, f], episode_return=[3, 0], length=[2, 0]))
-    assert counted.tolist() == [f, t] and not tally.done
-    # Slot 0 auto-resets and plays on, ignored; slot 1 is cut by the time limit.
-    counted = tally.record(_step([0, 1], [0, 5], [f, f], truncated=[f, t], episode_return=[0, 9],
-                                 length=[0, 3]))
-    assert counted.tolist() == [f, f] and tally.done
-    # Slot 0's second episode ends too: it does not replace the first one.
-    counted = tally.record(_step([0, 1], [1, 0], [t, f], episode_return=[1, 0], length=[1, 0]))
-    assert counted.tolist() == [f, f]
+    tally.record(_step([0, 1], [0, 0], [f, f]))  # the resets after `start`
+    # Environment 0 ends its episode (return 3 over 2 steps).
+    tally.record(_step([0, 1], [1, 1], [t, f], episode_return=[3, 0], length=[2, 0]))
+    assert not tally.done
+    # Environment 0 auto-resets and plays on, ignored; environment 1 is cut by the time limit.
+    tally.record(_step([0, 1], [0, 5], [f, f], truncated=[f, t], episode_return=[0, 9], length=[0, 3]))
+    assert tally.done
+    # Environment 0's second episode ends too: it does not replace the first one.
+    tally.record(_step([0, 1], [1, 0], [t, f], episode_return=[1, 0], length=[1, 0]))
     assert tally.returns.tolist() == [3, 9] and tally.lengths.tolist() == [2, 3]
-    assert tally.ignored_steps == 3  # slot 0 twice, slot 1 once
 
 
-def test_member_fitness_is_the_mean_over_its_copies():
+def test_layout_gives_each_thread_whole_members_then_its_evaluation_episodes():
     sebulba = SebulbaConfig(actor_threads=2)
     layout = make_es_layout(ESConfig(population=4, episodes_per_member=2, eval_episodes=3), sebulba,
                             split_devices(sebulba, jax.devices()[:2]))
-    assert (layout.members_per_thread, layout.member_slots, layout.eval_slots,
-            layout.slots_per_thread) == (2, 4, 2, 6)
-    assert thread_members(1, layout).tolist() == [2, 3]
-    returns = np.array([10, 20, 1, 3, 500, 500], np.float32)
-    assert member_fitness(returns, layout, 2).tolist() == [15, 2]
+    assert (layout.members_per_thread, layout.member_envs, layout.eval_envs,
+            layout.envs_per_thread) == (2, 4, 2, 6)
+    # Thread 1 plays members 2 and 3 (environments 4..7 of the population's 8), then evaluation
+    # episodes numbered after the population's.
+    assert es_env_index(1, layout, 8).tolist() == [4, 5, 6, 7, 10, 11]
+    # A thread's environments split evenly over the learner devices: evaluation rounds up.
+    sebulba = SebulbaConfig(actor_devices=(0,), learner_devices=(1, 2, 3))
+    layout = make_es_layout(ESConfig(population=8, eval_episodes=2), sebulba, split_devices(sebulba, jax.devices()))
+    assert (layout.member_envs, layout.eval_envs, layout.envs_per_thread) == (8, 4, 12)
 
 
 class Recording(EnvPoolEnvs):
@@ -128,80 +133,103 @@ def _replay_by_hand(calls, num_envs, seed):
     return generations
 
 
-def test_fitness_is_each_slots_return_until_done_also_across_generation_resets(tmp_path):
+def test_fitness_is_each_environments_return_until_done_also_across_generation_resets(tmp_path):
+    """Sebulba's actor thread, running the ES agent, resets its batch every generation and ships each
+    environment's first episode: its return, its agent steps and (ARS V2) its observations."""
     config = _configs(tmp_path, variant="ars_v2", population=6, episodes_per_member=2, eval_episodes=2,
                       sigma=1.0)
     setup = sebulba_train_es.build(config, jax.devices()[:2])
     layout = setup.layout
-    assert layout.slots_per_thread == 14
-    envs = Recording("CartPole-v1", layout.slots_per_thread, layout.slots_per_thread, 1, seed=7)
+    assert layout.envs_per_thread == 14
+    envs = Recording("CartPole-v1", layout.envs_per_thread, layout.envs_per_thread, 1, seed=7)
     device = setup.split.actor[0]
-    state, obs_stats = jax.device_put((setup.state, setup.obs_stats), device)
-    params = setup.slot_params(state, setup.es_key, jax.device_put(thread_members(0, layout), device))
-    member_slot = np.arange(layout.slots_per_thread) < layout.member_slots
+    store, out, control = ParamsStore([device]), queue.Queue(maxsize=1), Control()
+    store.publish(setup.agent.acting_state(setup.state), 0)
+    actor = Actor(0, envs, ActorSettings(setup.horizon, synchronous=True), device, setup.acting, store, out,
+                  setup.mesh, jax.random.PRNGKey(0), control, Timings(), es_env_index(0, layout, 12))
+    thread = threading.Thread(target=run_actor, args=(actor,), daemon=True)
+    thread.start()
     played = []
-    for generation in range(2):  # the second starts from slots left mid-episode by the first
-        tally, seen = play_generation(envs, setup.act, params, obs_stats,
-                                      es.init_running_stats(4), member_slot, Control(), Timings())
-        played.append((tally, seen))
-    envs.close()
+    try:
+        for generation in range(2):  # the second starts from environments left mid-episode by the first
+            if generation:
+                store.publish(setup.agent.acting_state(setup.state), generation)
+            shipment = out.get(timeout=120)
+            returns, env_index, steps = (np.asarray(row)[0] for row in shipment.batch)
+            played.append((returns, steps, jax.device_get(shipment.bootstrap), shipment))
+            assert env_index.tolist() == list(range(12)) + [12, 13]
+    finally:
+        control.stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
 
-    by_hand = _replay_by_hand(envs.calls, layout.slots_per_thread, seed=7)
-    assert len(by_hand) == 2
-    for (tally, seen), (returns, lengths, observed) in zip(played, by_hand):
-        np.testing.assert_array_equal(tally.returns, returns)
-        np.testing.assert_array_equal(tally.lengths, lengths)
+    by_hand = _replay_by_hand(envs.calls, layout.envs_per_thread, seed=7)
+    assert len(by_hand) >= 2
+    member = np.arange(layout.envs_per_thread) < layout.member_envs
+    for (returns, steps, seen, shipment), (hand_returns, lengths, observed) in zip(played, by_hand):
+        np.testing.assert_array_equal(returns, hand_returns)
+        np.testing.assert_array_equal(steps, lengths)
         assert len(set(lengths.tolist())) > 3  # members play differently: not a vacuous check
-        assert tally.ignored_steps > 0  # short episodes waited for the longest one
-        # ARS V2's statistics: the members' observations acted on, one per agent step.
-        members_observed = np.concatenate([np.stack(observed[i]) for i in np.flatnonzero(member_slot)])
-        assert float(seen.count) == len(members_observed) == lengths[member_slot].sum()
+        assert shipment.dropped_steps > 0  # short episodes waited for the longest one
+        # The episodes the log counts are the same ones: each environment's first.
+        np.testing.assert_array_equal(np.sort(shipment.episode_returns), np.sort(hand_returns))
+        # ARS V2's statistics, over every environment as `learn` merges them: the members'
+        # observations acted on, one per agent step (the evaluation episodes' left out).
+        seen = reduce_stats(seen)
+        members_observed = np.concatenate([np.stack(observed[i]) for i in np.flatnonzero(member)])
+        assert float(seen.count) == len(members_observed) == lengths[member].sum()
         np.testing.assert_allclose(seen.mean, members_observed.mean(0), rtol=1e-4, atol=1e-6)
-    fitness = member_fitness(played[0][0].returns, layout, 2)
-    np.testing.assert_array_equal(fitness, played[0][0].returns[:12].reshape(6, 2).mean(1))
 
 
 # ---------------------------------------------------------------- the update
 
 
-def _quadratic(params, key=None):
-    return -jnp.sum((params - jnp.linspace(-1.0, 1.0, params.shape[-1])) ** 2, axis=-1)
-
-
 @pytest.mark.parametrize("variant", ["openai", "ars_v1"])
-def test_actor_ask_and_learner_tell_equal_anakins_sharded_step(variant):
-    # Members split over 2 actor threads, the update on 3 learner devices, versus
-    # Anakin's protocol over 4 devices and the pure tell, on the same generations.
-    config = ESConfig(variant=variant, population=8, eval_episodes=2, sigma=0.1, es_lr=0.05)
-    strategy = make_strategy(config)
-    sebulba = SebulbaConfig(actor_threads=2)
+def test_members_and_learner_equal_the_pure_ask_and_tell(variant):
+    """The ES agent as Sebulba runs it: 2 actor threads' members (`for_rollout`), their returns
+    gathered by 3 learner devices in their own column order (`learn`), versus the strategy's own
+    `ask` and `tell` of the whole population, over 3 generations."""
+    config = ESConfig(variant=variant, population=8, episodes_per_member=2, eval_episodes=2, sigma=0.1,
+                      es_lr=0.05)
+    spec = env_spec("CartPole-v1")
+    policy = make_policy_network(spec.obs_shape, spec.action_dim, spec.discrete, (4,))
+    sebulba = SebulbaConfig(actor_devices=(0,), learner_devices=(1, 2, 3), actor_threads=2)
     layout = make_es_layout(config, sebulba, split_devices(sebulba, jax.devices()[:4]))
-    slot_params = make_slot_params(strategy, lambda flat: flat, layout, 1)
-    learner_mesh = parallel.make_mesh(jax.devices()[1:4])
-    learner_step = make_es_learner_step(strategy, learner_mesh, normalize=False)
-    anakin_step = es.make_sharded_step(strategy, _quadratic, parallel.make_mesh(jax.devices()[4:8]))
-
-    tell, quadratic = jax.jit(strategy.tell), jax.jit(_quadratic)
-    initial = strategy.init(jnp.zeros(6))
-    anakin = jax.device_put(initial, parallel.replicated(parallel.make_mesh(jax.devices()[4:8])))
-    sebulba_state, pure = initial, initial
-    obs_stats, no_seen = es.init_running_stats(1), jax.tree.map(lambda x: x[None], es.init_running_stats(1))
+    assert (layout.member_envs, layout.eval_envs) == (8, 1)
+    mesh = parallel.make_mesh(jax.devices()[1:4])
+    agent = make_agent(policy, None, config, spec, 500, (parallel.DATA_AXIS,), eval_envs=layout.eval_envs)
+    acting = make_acting(agent, jax.eval_shape(agent.init, jax.random.PRNGKey(0)), spec, layout.envs_per_thread)
+    learn = make_learn_step(agent.learn, mesh)
+    target = lambda flat: -np.sum((flat - np.linspace(-1.0, 1.0, flat.shape[-1])) ** 2, axis=-1)
+    state = jax.device_put(agent.init(jax.random.PRNGKey(5)), parallel.replicated(mesh))
+    strategy = make_strategy(config)
+    pure = jax.device_get(state.strategy)
     for generation in range(3):
-        key = jax.random.fold_in(jax.random.PRNGKey(5), generation)
-        anakin, _ = anakin_step(anakin, key)
-        ask_key = jax.random.split(jax.random.split(key, 1)[0])[0]  # the key the sharded step asks with
-        actor_state = jax.device_put(sebulba_state, jax.devices()[0])
-        rows = [slot_params(actor_state, ask_key, thread_members(t, layout)) for t in range(2)]
-        for row in rows:
-            np.testing.assert_array_equal(row[layout.member_slots:], np.broadcast_to(actor_state.mean, (1, 6)))
-        fitness = np.concatenate([quadratic(row[: layout.member_slots]) for row in rows])
-        sebulba_state, obs_stats, metrics = learner_step(sebulba_state, obs_stats, ask_key, fitness, no_seen)
-        pure, _ = tell(pure, ask_key, fitness)
-    assert int(sebulba_state.generation) == 3
-    assert not np.allclose(sebulba_state.mean, 0.0)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sebulba_state, pure)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sebulba_state,
-                 jax.device_get(anakin))
+        batches = []
+        for thread in range(2):
+            index = es_env_index(thread, layout, 16)
+            members = acting.for_rollout(jax.device_put(state, jax.devices()[0]), index)
+            # One row per environment: 4 members' 2 episodes each, then the mean's evaluation episode.
+            flat = np.asarray(jax.vmap(lambda tree: ravel_pytree(tree)[0])(members.params))
+            np.testing.assert_array_equal(flat[:8:2], flat[1:8:2])
+            np.testing.assert_array_equal(flat[8], jax.device_get(state.strategy.mean))
+            at_mean = target(flat[8])
+            # Each member's two episodes differ: its fitness is their mean.
+            returns = np.concatenate([target(flat[:8]) + np.tile([1.0, -1.0], 4), [at_mean]])
+            rows = (returns.astype(np.float32), index, np.full(layout.envs_per_thread, 7.0, np.float32))
+            batches.append(parallel.from_host(tuple(row[None] for row in rows), parallel.time_major_sharded(mesh)))
+        seen = parallel.from_host(((),) * 2, parallel.sharded(mesh))
+        state, metrics = learn(state, tuple(batches), seen, jax.random.PRNGKey(0), ((), ()))
+        key = generation_key(jax.device_get(state)._replace(strategy=pure))
+        expected = target(np.asarray(strategy.ask(pure, key, jnp.arange(8))))
+        pure, _ = strategy.tell(pure, key, jnp.asarray(expected, jnp.float32))
+        np.testing.assert_allclose(float(metrics["mean_params_return"]), at_mean, rtol=1e-5)
+        assert float(metrics["member_steps"]) == 7 * 16 and float(metrics["eval_steps"]) == 7 * 2
+    assert int(state.strategy.generation) == 3
+    initial = agent.init(jax.random.PRNGKey(5)).strategy.mean
+    assert not np.allclose(jax.device_get(state.strategy.mean), initial)  # not vacuous
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 jax.device_get(state.strategy), jax.device_get(pure))
 
 
 # ---------------------------------------------------------------- learning
@@ -288,6 +316,8 @@ def test_actor_failure_stops_every_thread(tmp_path, monkeypatch):
     (["--actor-devices", "0", "--actor-threads=3"], "--population=64 does not split over 3 actor threads"),
     (["--horizon=100"], "--horizon does not apply to --arch=sebulba --algo=es"),
     (["--env=CartPol-v1"], "unknown envpool environment"),
+    (["--env=Pong-v5"], "GiB of observations per actor thread"),
+    (["--env=py:test_sebulba_gym:make_countdown"], "has no time limit (max_episode_steps)"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
     code = main(["--arch=sebulba", "--algo=es", *args, f"--run-dir={tmp_path}/run"])

@@ -324,7 +324,7 @@ def test_sebulba_es_profile_attributes_actor_and_learner_time(tmp_path):
     summary, _ = train_es(configs, jax.devices()[:2])
     report = summary["profile"]
     actors, learner = _rows(report, "sebulba-es-actor"), _rows(report, "sebulba-es-learner")
-    for name in ("env_step", "inference", "member_params", "actor_params_wait", "actor_queue_wait"):
+    for name in ("env_step", "inference", "for_rollout", "actor_params_wait", "actor_queue_wait"):
         assert actors[name]["calls"] > 0, name
     assert learner["learner_update"]["calls"] == learner["logging"]["calls"] == summary["generations"]
     assert report["roles"]["sebulba-es-learner"]["measured_share"] > 0.5

@@ -49,6 +49,29 @@ def test_reset_steps_are_skipped_and_final_observations_kept():
     assert collected.reset_steps == 2 and collected.dropped_steps == 0  # env 1's 2nd reset is pending
 
 
+def test_first_episode_columns_end_with_their_episode_and_restart_after_a_whole_reset():
+    """One fresh episode per environment (ES): a column is complete when its first episode ends,
+    its other rows zeros; the trajectory is taken once every column is, not after T rows of each."""
+    b = TrajectoryBuilder(4, 2, (np.zeros((), np.float32), np.zeros((), np.int32), np.zeros((), np.float32)),
+                          first_episode=True)
+    for rollout in range(2):  # the second after the whole batch was reset
+        _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F])   # reset
+        _feed(b, [0, 1], [101, 201], [1, 2], [T, F], [F, F])   # env 0 ends after one step
+        assert b.complete.tolist() == [True, False] and not b.full
+        _feed(b, [0, 1], [102, 202], [0, 2], [F, F], [F, F])   # env 0 resets and plays on, unrecorded
+        _feed(b, [0, 1], [103, 203], [5, 2], [F, F], [F, T])   # env 1 is cut after three
+        assert b.full
+        collected = b.take()
+        x = collected.trajectory
+        np.testing.assert_array_equal(x.obs, [[100, 200], [0, 201], [0, 202], [0, 0]])
+        np.testing.assert_array_equal(x.reward, [[1, 2], [0, 2], [0, 2], [0, 0]])
+        np.testing.assert_array_equal(x.terminated, [[T, F], [F, F], [F, F], [F, F]])
+        np.testing.assert_array_equal(x.truncated, [[F, F], [F, F], [F, T], [F, F]])
+        # Env 0's reset and its step after it: results that count for nothing.
+        assert (collected.reset_steps, collected.dropped_steps) == (1, 1)
+        b.restart()
+
+
 def test_gae_on_a_built_trajectory_matches_hand_computation():
     b = _builder(3, 2)
     _feed(b, [0, 1], [100, 200], [0, 0], [F, F], [F, F])

@@ -77,11 +77,11 @@ def record_envpool(writer: DatasetWriter, env_id: str, policy: Policy, num_episo
 
 def _record_round(writer: DatasetWriter, envs, act, params, key: jax.Array) -> list[float]:
     """Every environment of `envs` plays until its first episode ends; that episode is written."""
-    from podracer.sebulba.es_actor import in_slot_order
+    from podracer.sebulba.envs import in_env_order
 
     env_ids = np.arange(envs.num_envs, dtype=np.int32)
     envs.start()
-    obs = in_slot_order(envs.recv()).obs  # the first observations (reset steps)
+    obs = in_env_order(envs.recv()).obs  # the first observations (reset steps)
     recording = np.ones(envs.num_envs, bool)
     totals = np.zeros(envs.num_envs, np.float64)
     returns = []
@@ -91,7 +91,7 @@ def _record_round(writer: DatasetWriter, envs, act, params, key: jax.Array) -> l
         # Environments whose episode was written keep stepping (envpool steps the
         # whole batch); what they do is not recorded.
         envs.send(np.asarray(action), env_ids)
-        step = in_slot_order(envs.recv())
+        step = in_env_order(envs.recv())
         ended = step.terminated | step.truncated
         for i in np.flatnonzero(recording):
             writer.add_step(obs[i], action[i], step.reward[i], policy_log_prob=log_prob[i], stream=i)

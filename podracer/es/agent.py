@@ -25,6 +25,12 @@ them).
   member's fitness the mean of its episodes', then the strategy's `tell`; ARS
   V2 merges the observations seen over every device.
 
+With `eval_envs`, the last `eval_envs` environments of every batch evaluate
+the mean parameters beside the members (Sebulba's actor threads, whose
+environments live on the host): their global indices come after the
+population's, and `learn` reports their mean return as `mean_params_return`
+with the agent steps of both kinds of episode (`member_steps`, `eval_steps`).
+
 Fitness is MAXIMISED.
 """
 
@@ -59,8 +65,11 @@ class ESState(NamedTuple):
 class Members(NamedTuple):
     """What acting reads during one generation's rollout (`Agent.for_rollout`)."""
 
-    params: Any  # this device's members' parameter trees [M, ...], or a `Perturbation` of its pairs [P, ...]
+    # This device's members' parameter trees [M, ...], or a `Perturbation` of its pairs [P, ...]; with
+    # `eval_envs`, one tree per environment [B, ...]: each member's for its episodes, then the mean's.
+    params: Any
     obs_stats: RunningStats
+    env_index: jax.Array  # [B] the environments' global indices: where each return goes in `learn`
 
 
 def episode_horizon(env, config: ESConfig) -> int:
@@ -100,7 +109,8 @@ def _all_dense(policy: nn.Module, variables, dummy_obs) -> bool:
 
 
 def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, horizon: int,
-               axis_names=(), *, num_envs: int | None = None, strategy: Strategy | None = None) -> Agent:
+               axis_names=(), *, num_envs: int | None = None, strategy: Strategy | None = None,
+               eval_envs: int = 0) -> Agent:
     """ES on the policy `policy` (`networks.make_policy_network`) as an `Agent`.
 
     `horizon` is the rollout's length (a generation's episodes are cut there),
@@ -108,10 +118,13 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
     not used: the strategy steps its own mean (`ESConfig.es_lr`). `strategy`
     replaces the one `config` describes (`make_strategy`): an `init / ask /
     tell` whose state has the flat parameters in `mean` and a `generation`
-    counter, and whose population is `config.population`.
+    counter, and whose population is `config.population`. `eval_envs`: environments
+    at the end of every batch that evaluate the mean parameters (module docstring);
+    their global indices are `population * episodes_per_member` and up.
     """
     del optimizer, num_envs
     episodes = config.episodes_per_member
+    member_envs = config.population * episodes  # global indices from here on evaluate the mean
     dummy_obs = jnp.zeros(spec.obs_shape, spec.obs_dtype)
     shapes = jax.eval_shape(policy.init, jax.random.key(0), dummy_obs)
     variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -132,12 +145,19 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
         return ESState(strategy.init(flat), init_running_stats(math.prod(spec.obs_shape)), run_key)
 
     def for_rollout(state: ESState, env_index):
-        if env_index.shape[0] % episodes:
-            raise PodracerError(f"{env_index.shape[0]} environments per device do not hold whole members of "
+        batch = env_index.shape[0] - eval_envs  # the members' environments
+        if batch % episodes:
+            raise PodracerError(f"{batch} environments per device do not hold whole members of "
                                 f"{episodes} episodes each; make --population a multiple of the device count")
-        num_members = env_index.shape[0] // episodes
+        num_members = batch // episodes
         first_member = env_index[0] // episodes
         key = generation_key(state)
+        if eval_envs:  # every environment its own row, acted on in one vmap
+            flat = strategy.ask(state.strategy, key, first_member + jnp.arange(num_members))
+            mean = state.strategy.mean
+            rows = jnp.concatenate([jnp.repeat(flat, episodes, axis=0),
+                                    jnp.broadcast_to(mean, (eval_envs, mean.shape[0]))])
+            return Members(jax.vmap(unravel)(rows), state.obs_stats, env_index)
         if by_pairs and num_members % 2 == 0:
             pairs = strategy.perturb(state.strategy, key, first_member // 2, num_members // 2)
             noise = pairs.noise
@@ -145,43 +165,60 @@ def make_agent(policy: nn.Module, optimizer: Any, config: ESConfig, spec: Any, h
                 noise = jax.tree.unflatten(jax.tree.structure(variables), list(noise))
             else:
                 noise = jax.vmap(unravel)(noise)
-            return Members(Perturbation(unravel(pairs.mean), pairs.scale, noise), state.obs_stats)
+            return Members(Perturbation(unravel(pairs.mean), pairs.scale, noise), state.obs_stats, env_index)
         flat = strategy.ask(state.strategy, key, first_member + jnp.arange(num_members))
-        return Members(jax.vmap(unravel)(flat), state.obs_stats)
+        return Members(jax.vmap(unravel)(flat), state.obs_stats, env_index)
 
     def act(members: Members, obs, randomness, carry):
-        num_envs = obs.shape[0]
         if normalize:
-            obs = ars_normalize(members.obs_stats, obs.reshape(num_envs, -1)).reshape(obs.shape)
+            obs = ars_normalize(members.obs_stats, obs.reshape(obs.shape[0], -1)).reshape(obs.shape)
+        if eval_envs:
+            return jax.vmap(policy.apply)(members.params, obs), carry, ()
+        return act_members(members, obs), carry, ()
+
+    def act_members(members: Members, obs):
+        num_envs = obs.shape[0]
         each = lambda params, obs: jax.vmap(policy.apply, in_axes=(None, 0))(params, obs)
         if isinstance(members.params, Perturbation):
             mean, scale, noise = members.params
             pair = lambda noise, obs: jax.vmap(lambda o: apply_antithetic(policy, mean, noise, scale, o),
                                                in_axes=1, out_axes=1)(obs)
             action = jax.vmap(pair)(noise, obs.reshape(-1, 2, episodes, *obs.shape[1:]))  # [P, 2, E, ...]
-            return action.reshape(num_envs, *action.shape[3:]), carry, ()
+            return action.reshape(num_envs, *action.shape[3:])
         if episodes == 1:  # no batch axis of size 1 through every step
-            return jax.vmap(policy.apply)(members.params, obs), carry, ()
+            return jax.vmap(policy.apply)(members.params, obs)
         action = jax.vmap(each)(members.params, obs.reshape(-1, episodes, *obs.shape[1:]))  # [M, E, ...]
-        return action.reshape(num_envs, *action.shape[2:]), carry, ()
+        return action.reshape(num_envs, *action.shape[2:])
 
     def prepare(members: Members, trajectory: Trajectory):
         alive = first_episode(trajectory).astype(jnp.float32)
         returns = jnp.sum(alive * trajectory.reward, axis=0)
         seen = ()
-        if normalize:
+        if normalize:  # the members' observations only
+            counted = alive * (members.env_index < member_envs)
             obs = trajectory.obs.reshape(*trajectory.obs.shape[:2], -1)
-            seen = jax.vmap(observation_stats, in_axes=(1, 1))(obs, alive)  # one per environment [B]
-        return returns[None], seen  # [1, B]: a time-major row, sharded as any rollout
+            seen = jax.vmap(observation_stats, in_axes=(1, 1))(obs, counted)  # one per environment [B]
+        # [1, B] time-major rows, sharded as any rollout; with the environments' indices, as an
+        # architecture may gather its columns in another order (Sebulba: by learner device).
+        rows = (returns, members.env_index) + ((jnp.sum(alive, axis=0),) if eval_envs else ())
+        return tuple(row[None] for row in rows), seen
 
-    def learn(state: ESState, returns, seen, key, carry):
+    def learn(state: ESState, batch, seen, key, carry):
         del key, carry
-        episode_returns = parallel.all_gather(returns[0], axis_names)
+        returns, env_index, *steps = (parallel.all_gather(row[0], axis_names) for row in batch)
+        episode_returns = jnp.zeros(member_envs, returns.dtype).at[env_index].set(
+            returns, mode="drop", unique_indices=True)
         fitness = jnp.mean(episode_returns.reshape(config.population, episodes), axis=1)
         strategy_state, metrics = strategy.tell(state.strategy, generation_key(state), fitness)
         obs_stats = state.obs_stats
         if normalize:
             obs_stats = merge_stats(obs_stats, psum_stats(reduce_stats(seen), axis_names))
+        if eval_envs:  # the mean parameters' episodes, played beside the members'
+            at_mean = env_index >= member_envs
+            metrics = {**metrics,
+                       "mean_params_return": jnp.sum(jnp.where(at_mean, returns, 0.0)) / jnp.sum(at_mean),
+                       "member_steps": jnp.sum(jnp.where(at_mean, 0.0, steps[0])),
+                       "eval_steps": jnp.sum(jnp.where(at_mean, steps[0], 0.0))}
         return ESState(strategy_state, obs_stats, state.key), metrics
 
     return Agent(init, act, prepare, learn, Rollout(horizon), draw=lambda key: key,

@@ -115,7 +115,7 @@ def _check_layout(configs: RunSpec, shape: SliceShape) -> None:
         # Only the number of each host's devices matters here, not the devices.
         split = split_devices(configs.sebulba, list(range(shape.devices_per_host)))
         if run.algo == "es":
-            from podracer.sebulba.es import make_es_layout
+            from podracer.sebulba.train_es import make_es_layout
 
             make_es_layout(configs.agent, configs.sebulba, split, shape.hosts)
         else:

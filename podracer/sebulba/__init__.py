@@ -7,9 +7,10 @@ Actor threads (`actor.py`) step envpool batches (`envs.py`) with the agent's
 `prepare` them on their actor device; the learner (`learner.py`) runs the
 agent's `learn` under `jit(shard_map)` over the learner devices and publishes
 its acting state back (`params.py`); `control.py` stops them all together.
-Evolution strategies reuse the same threads, devices and controls: envpool
-slots play population members (`es.py`, `es_actor.py`), driven by
-`podracer.sebulba.train_es.train_es`.
+Evolution strategies run as any agent, through the same actor threads and
+learner (`podracer.es.agent`: one fresh episode per environment and
+generation); `podracer.sebulba.train_es.train_es` adds only what is ES's own
+(sizes, stopping rule, log row, checkpoint counters, summary keys).
 """
 
 from podracer.sebulba.config import DeviceSplit, SebulbaConfig, SebulbaLayout, make_layout, split_devices

@@ -3,7 +3,16 @@
 Each actor thread owns its environments, its copy of the agent's acting state
 (`Agent.acting_state`) on its actor device and a queue that holds one
 trajectory. It refreshes the acting state once per trajectory, so every row of
-a trajectory was acted on by the same version, and `prepare` sees that version.
+a trajectory was acted on by the same version, and `prepare` sees that version
+(through `Agent.for_rollout`, computed once per trajectory from the global
+indices of the thread's environments).
+
+An agent with `Agent.fresh_episodes` (ES) has the whole envpool batch reset
+before each trajectory, and its trajectory ends once every environment's first
+episode has (`TrajectoryBuilder`'s `first_episode`). envpool draws each
+environment's episodes from that environment's own seed, so it cannot give two
+environments the same episode: the index `fresh_episodes` maps environments to
+is not used here, and every environment lives an episode of its own.
 """
 
 from __future__ import annotations
@@ -59,6 +68,9 @@ class Acting(NamedTuple):
     prepare: Callable  # the agent's `prepare`, jitted: runs where the acting state is
     row: Any  # one environment's (obs, action, extras): shapes and dtypes
     carry: Any  # one environment's carry: shapes and dtypes (() without one)
+    for_rollout: Callable | None = None  # `Agent.for_rollout`, jitted; None: the agent acts with its acting state
+    rollout_state: Any = None  # what `act` and `prepare` are given: shapes and dtypes
+    fresh_episodes: bool = False  # `Agent.fresh_episodes`: each trajectory is one new episode per environment
 
 
 def _as_words(x: jax.Array) -> jax.Array:
@@ -79,8 +91,11 @@ def _wide(dtype) -> np.dtype:
     return np.dtype(np.int32 if np.issubdtype(dtype, np.integer) else np.float32)
 
 
-def make_acting(agent: Agent, acting_state: Any, spec: Any) -> Acting:
+def make_acting(agent: Agent, acting_state: Any, spec: Any, num_envs: int | None = None) -> Acting:
     """`agent`'s `Acting` for observations of `spec` (`obs_shape`, `obs_dtype`); `acting_state` may be abstract.
+
+    `num_envs`, an actor thread's environments, is needed by an agent with its
+    own `Agent.for_rollout` (what it returns may be sized by them).
 
     The randomness of many steps is drawn in one call (`draw`, as `Agent.draw`
     intends), and everything `act` returns comes back as one uint32 array:
@@ -96,14 +111,25 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any) -> Acting:
         randomness = jax.vmap(agent.draw)(jax.random.split(draw_key, calls * batch))
         return key, jax.tree.map(lambda x: x.reshape(calls, batch, *x.shape[1:]), randomness)
 
-    one_obs = jax.ShapeDtypeStruct((1, *spec.obs_shape), spec.obs_dtype)
-    carry = jax.eval_shape(lambda: agent.initial_carry(1))
-    one_draw = jax.eval_shape(lambda key: jax.tree.map(lambda x: x[0], draw(key, 1, 1)[1]), jax.random.PRNGKey(0))
+    for_rollout = None
+    if agent.for_rollout is not Agent._field_defaults["for_rollout"]:
+        if num_envs is None:
+            raise ValueError("make_acting needs num_envs for an agent with its own for_rollout")
+        for_rollout = jax.jit(agent.for_rollout)
+        acting_state = jax.eval_shape(agent.for_rollout, acting_state,
+                                      jax.ShapeDtypeStruct((num_envs,), jnp.int32))
+    # An agent acting with parameters per environment is evaluated on a whole batch at once.
+    rows = 1 if for_rollout is None else num_envs
+    one_obs = jax.ShapeDtypeStruct((rows, *spec.obs_shape), spec.obs_dtype)
+    carry = jax.eval_shape(lambda: agent.initial_carry(rows))
+    one_draw = jax.eval_shape(lambda key: draw(key, 1, rows)[1], jax.random.PRNGKey(0))
+    one_draw = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), one_draw)
     outputs = jax.eval_shape(agent.act, acting_state, one_obs, one_draw, carry)
     per_env = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree)
     action, _, extras = per_env(outputs)
     leaves, treedef = jax.tree.flatten(outputs)
     widths = [math.prod(x.shape[1:]) for x in leaves]
+    wide = [_wide(x.dtype) for x in leaves]  # worked out once: unpacking runs every step
 
     def step(state, obs, randomness, carry):
         return jnp.concatenate([_as_words(x) for x in jax.tree.leaves(agent.act(state, obs, randomness, carry))],
@@ -111,14 +137,15 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any) -> Acting:
 
     def unpack(packed: np.ndarray):
         out, column = [], 0
-        for leaf, width in zip(leaves, widths):
-            words = packed[:, column:column + width].view(_wide(leaf.dtype))
+        for leaf, width, as_type in zip(leaves, widths, wide):
+            words = packed[:, column:column + width].view(as_type)
             out.append(words.reshape(packed.shape[:1] + leaf.shape[1:]).astype(leaf.dtype, copy=False))
             column += width
         return jax.tree.unflatten(treedef, out)
 
     return Acting(jax.jit(step), jax.jit(draw, static_argnums=(1, 2)), unpack, jax.jit(agent.prepare),
-                  (per_env(one_obs), action, extras), per_env(carry))
+                  (per_env(one_obs), action, extras), per_env(carry), for_rollout, acting_state,
+                  agent.fresh_episodes is not None)
 
 
 def trajectory_shapes(acting: Acting, rollout_len: int, num_envs: int) -> Trajectory:
@@ -152,6 +179,12 @@ class Draws:
         return self._treedef.unflatten([leaf[self._next - 1] for leaf in self._leaves])
 
 
+def thread_env_index(thread: int, num_envs: int) -> np.ndarray:
+    """[num_envs] int32: the global indices of the environments of actor thread `thread` (numbered over
+    every process), what `Agent.for_rollout` is given."""
+    return thread * num_envs + np.arange(num_envs, dtype=np.int32)
+
+
 def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: int, num_envs: int,
             rollout_len: int) -> None:
     """Compile `acting`'s draw, step and `prepare` for `device` and an actor thread's shapes, before any
@@ -159,6 +192,8 @@ def warm_up(acting: Acting, acting_state: Any, device: jax.Device, env_batch: in
     zeros = lambda tree: jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
     one_batch = lambda tree: jax.tree.map(lambda x: np.zeros((env_batch, *x.shape), x.dtype), tree)
     state = jax.device_put(acting_state, device)
+    if acting.for_rollout is not None:
+        state = acting.for_rollout(state, jax.device_put(thread_env_index(0, num_envs), device))
     draws = Draws(acting, jax.device_put(jax.random.PRNGKey(0), device), rollout_len, env_batch)
     jax.block_until_ready(acting.step(state, one_batch(acting.row[0]), draws.next(), one_batch(acting.carry)))
     jax.block_until_ready(acting.prepare(state, zeros(trajectory_shapes(acting, rollout_len, num_envs))))
@@ -193,18 +228,25 @@ class Actor(NamedTuple):
     key: jax.Array
     control: Control
     timings: Timings
+    env_index: np.ndarray | None = None  # global indices of `envs` (`thread_env_index`); None: 0, 1, ...
 
 
 def run_actor(actor: Actor) -> None:
     """The body of one actor thread: acts on its environments until `control` says stop."""
-    (actor_id, envs, settings, device, acting, store, out, learner_mesh, key, control, timings) = actor
+    (actor_id, envs, settings, device, acting, store, out, learner_mesh, key, control, timings, env_index) = actor
     try:
-        builder = TrajectoryBuilder(settings.rollout_len, envs.num_envs, acting.row, acting.carry)
+        fresh = acting.fresh_episodes
+        builder = TrajectoryBuilder(settings.rollout_len, envs.num_envs, acting.row, acting.carry,
+                                    first_episode=fresh)
+        if env_index is None:
+            env_index = thread_env_index(0, envs.num_envs)
+        env_index = jax.device_put(env_index, device)
         # The carry per environment, kept on the host (envpool answers for any subset
         # of environments), and where the next observation starts an episode.
         carry = jax.tree.map(lambda x: np.zeros((envs.num_envs, *x.shape), x.dtype), acting.carry)
         starts = np.ones(envs.num_envs, bool)
         carry_in = ()  # the carry acted from this step
+        has_carry = bool(jax.tree.leaves(carry))  # (skipped per step without one)
         batch_sharding = parallel.time_major_sharded(learner_mesh)
         column_sharding = parallel.sharded(learner_mesh)
         with timings.measure("actor_params_wait"):
@@ -215,23 +257,32 @@ def run_actor(actor: Actor) -> None:
         returns, lengths = [], []
         produced = 0
 
+        def for_rollout(acting_state):
+            if acting.for_rollout is None:
+                return acting_state
+            with timings.measure("for_rollout"):
+                return acting.for_rollout(acting_state, env_index)
+
+        state = for_rollout(policy.state) if policy is not None else None
+
         def act(obs, env_ids):
             if not settings.time_transfers:
                 with timings.measure("inference"):
-                    packed = np.asarray(acting.step(policy.state, obs, draws.next(), carry_in))
+                    packed = np.asarray(acting.step(state, obs, draws.next(), carry_in))
             else:
                 # Three steps timed apart (each waits for its result): the host-to-device
                 # copy, the policy itself and the device-to-host copy of its output.
                 with timings.measure("obs_to_device"):
                     on_device = jax.block_until_ready(jax.device_put((obs, draws.next(), carry_in), device))
                 with timings.measure("inference"):
-                    packed = jax.block_until_ready(acting.step(policy.state, *on_device))
+                    packed = jax.block_until_ready(acting.step(state, *on_device))
                 with timings.measure("actions_to_host"):
                     packed = np.asarray(packed)
             action, carry_out, extras = acting.unpack(packed)
             # Committed once the actions are sent; a re-act starts from carry_in again.
-            for leaf, new in zip(jax.tree.leaves(carry), jax.tree.leaves(carry_out)):
-                leaf[env_ids] = new
+            if has_carry:
+                for leaf, new in zip(jax.tree.leaves(carry), jax.tree.leaves(carry_out)):
+                    leaf[env_ids] = new
             return action, carry_out, extras
 
         envs.start()
@@ -239,20 +290,24 @@ def run_actor(actor: Actor) -> None:
             with timings.measure("env_step"):
                 step = envs.recv()
             builder.record_results(step.env_ids, step.reward, step.terminated, step.truncated)
-            if step.episode_done.any():
-                returns.append(step.episode_return[step.episode_done])
-                lengths.append(step.episode_length[step.episode_done])
+            counted = step.episode_done
+            if counted.any():
+                if fresh:  # each environment's first episode only: the others are not learned from
+                    counted = counted & ~builder.complete[step.env_ids]
+                returns.append(step.episode_return[counted])
+                lengths.append(step.episode_length[counted])
             obs_is_final = step.terminated | step.truncated
-            starting = starts[step.env_ids]
-            carry_in = jax.tree.map(
-                lambda c: np.where(starting.reshape(-1, *(1,) * (c.ndim - 1)), 0, c[step.env_ids]), carry)
-            starts[step.env_ids] = obs_is_final  # the observation after a final one starts an episode
+            if has_carry:
+                starting = starts[step.env_ids]
+                carry_in = jax.tree.map(
+                    lambda c: np.where(starting.reshape(-1, *(1,) * (c.ndim - 1)), 0, c[step.env_ids]), carry)
+                starts[step.env_ids] = obs_is_final  # the observation after a final one starts an episode
             action, carry_out, extras = act(step.obs, step.env_ids)
             builder.record_actions(step.env_ids, step.obs, obs_is_final, action, extras, carry_in, carry_out)
             if builder.full:
                 collected = builder.take()
                 with timings.measure("prepare"):
-                    batch, bootstrap = acting.prepare(policy.state, collected.trajectory)
+                    batch, bootstrap = acting.prepare(state, collected.trajectory)
                 with timings.measure("actor_to_learner"):
                     batch = parallel.from_host(batch, batch_sharding)
                     bootstrap, initial = parallel.from_host((bootstrap, collected.initial_carry),
@@ -270,6 +325,13 @@ def run_actor(actor: Actor) -> None:
                     policy = store.wait_for(wanted, device, control.stop)
                 if policy is None:
                     break
+                state = for_rollout(policy.state)
+                if fresh:  # the next trajectory starts new episodes everywhere
+                    with timings.measure("env_step"):
+                        envs.start()
+                    builder.restart()
+                    starts[:] = True
+                    continue
                 # The next trajectory starts from these observations, acted on by the new
                 # acting state (from the same carry).
                 action, carry_out, extras = act(step.obs, step.env_ids)

@@ -19,7 +19,8 @@ import numpy as np
 
 from podracer.envs.spec import EnvSpec
 from podracer.errors import PodracerError
-from podracer.sebulba.gym_envs import VectorPool, feature_keys, flatten_obs, gym_spec, is_gym_id, spec_of_spaces
+from podracer.sebulba.gym_envs import (VectorPool, feature_keys, flatten_obs, gym_episode_limit, gym_spec, is_gym_id,
+                                       spec_of_spaces)
 
 
 class EnvStep(NamedTuple):
@@ -80,6 +81,16 @@ def _make_spec(env_id: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gymnasium's float64 -> float32 bound notices
         return envpool.make_spec(env_id)
+
+
+def episode_limit(env_id: str) -> int:
+    """The most agent steps an episode of `env_id` lasts (its time limit): what one fresh episode per
+    environment (ES's generations) is cut at."""
+    limit = gym_episode_limit(env_id) if is_gym_id(env_id) else _make_spec(_base(env_id)).config.max_episode_steps
+    if not limit:
+        raise PodracerError(f"--env={env_id} has no time limit (max_episode_steps), which one fresh episode "
+                            f"per environment is cut at; register it with one, or use an environment that has one")
+    return int(limit)
 
 
 def is_atari(env_id: str) -> bool:
@@ -176,3 +187,36 @@ class EnvPoolEnvs:
 
     def close(self) -> None:
         self._pool.close()
+
+
+class EpisodeTally:
+    """The return and length of each environment's first complete episode since `EnvPoolEnvs.start`.
+
+    Uses `EnvStep.episode_done`/`episode_return`, the true episodic return
+    (on Atari, the game score of a whole game, not of one life).
+    """
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs, np.float32)
+        self.lengths = np.zeros(num_envs, np.int64)
+        self.finished = np.zeros(num_envs, bool)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finished.all())
+
+    def record(self, step: EnvStep) -> None:
+        """Take one `recv`'s results."""
+        ids = step.env_ids
+        ends = step.episode_done & ~self.finished[ids]
+        self.returns[ids[ends]] = step.episode_return[ends]
+        self.lengths[ids[ends]] = step.episode_length[ends]
+        self.finished[ids] |= step.episode_done
+
+
+def in_env_order(step: EnvStep) -> EnvStep:
+    """`step` with its rows sorted by environment id (envpool returns a full batch in order already)."""
+    if np.array_equal(step.env_ids, np.arange(step.env_ids.shape[0])):
+        return step
+    order = np.argsort(step.env_ids)
+    return EnvStep(*(field[order] for field in step))

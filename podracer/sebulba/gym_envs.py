@@ -108,6 +108,15 @@ def flatten_obs(obs, keys: list[str] | None) -> np.ndarray:
     return np.concatenate([part.astype(np.float32) for part in parts], axis=1)
 
 
+def gym_episode_limit(env_id: str) -> int | None:
+    """The time limit of `env_id`'s episodes (its spec's `max_episode_steps`); None without one."""
+    envs = make_vector_env(env_id, 1)
+    try:
+        return getattr(getattr(envs, "spec", None), "max_episode_steps", None)
+    finally:
+        envs.close()
+
+
 def gym_spec(env_id: str) -> EnvSpec:
     envs = make_vector_env(env_id, 1)
     try:

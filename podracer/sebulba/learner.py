@@ -61,16 +61,18 @@ def make_learner_step(apply_fn: Callable, optimizer: optax.GradientTransformatio
 
 
 def shipment_shapes(agent: Any, acting: Acting, acting_state: Any, rollout_len: int, num_envs: int,
-                    mesh: Mesh) -> tuple[Any, Any, Any]:
-    """Abstract (batch, bootstrap, carry) of one actor thread's shipment of `num_envs` columns (over
-    every process), placed on `mesh` as the actors place them: for compiling the learner ahead."""
+                    mesh: Mesh, processes: int = 1) -> tuple[Any, Any, Any]:
+    """Abstract (batch, bootstrap, carry) of one shipment: an actor thread's `num_envs` columns from each of
+    `processes` processes, placed on `mesh` as the actors place them: for compiling the learner ahead."""
     trajectory = trajectory_shapes(acting, rollout_len, num_envs)
-    batch, bootstrap = jax.eval_shape(agent.prepare, acting_state, trajectory)
-    place = lambda tree, sharding: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+    # `prepare` is given what `Agent.for_rollout` makes of the acting state.
+    batch, bootstrap = jax.eval_shape(agent.prepare, acting.rollout_state, trajectory)
+    place = lambda tree, sharding, axis: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((*x.shape[:axis], x.shape[axis] * processes, *x.shape[axis + 1:]),
+                                       x.dtype, sharding=sharding), tree)
     by_column = parallel.sharded(mesh)
-    return (place(batch, parallel.time_major_sharded(mesh)), place(bootstrap, by_column),
-            place(trajectory.next_carry, by_column))
+    return (place(batch, parallel.time_major_sharded(mesh), 1), place(bootstrap, by_column, 0),
+            place(trajectory.next_carry, by_column, 0))
 
 
 def get_until_stopped(source: queue.Queue, stop: threading.Event, poll_s: float = 0.05,
@@ -105,6 +107,9 @@ class Learning(NamedTuple):
     changed since the last save. `guard(finite, update)` is the NaN guard (the
     run session's): it raises before a non-finite state is published or saved.
     `acting_state(state)` is what is published to the actors (`Agent.acting_state`).
+    An agent whose updates differ in size (ES: its generations' episodes) says
+    when to save (`save_due(updates_done)`, in place of `save_every`) and when to
+    stop (`finished()`, after an update, before `num_updates`).
     """
 
     step_fn: Callable  # compiled `make_learn_step`
@@ -121,6 +126,8 @@ class Learning(NamedTuple):
     save_every: int = 0
     interrupted: Callable[[], bool] = lambda: False
     guard: Callable[[bool, int], None] = lambda finite, update: None
+    save_due: Callable[[int], bool] | None = None
+    finished: Callable[[], bool] = lambda: False
 
 
 def run_learner(learning: Learning, state: Any) -> Any:
@@ -139,7 +146,9 @@ def run_learner(learning: Learning, state: Any) -> Any:
     and save, after the same update.
     """
     (step_fn, sources, store, num_updates, key, control, timings, on_update, acting_state, first_update,
-     save, save_every, interrupted, guard) = learning
+     save, save_every, interrupted, guard, save_due, finished) = learning
+    if save_due is None:
+        save_due = lambda done: bool(save_every) and done % save_every == 0
     saved = done = first_update
     for update in range(first_update, num_updates):
         shipments = take_one_each(sources, control, timings, interrupted)
@@ -158,9 +167,11 @@ def run_learner(learning: Learning, state: Any) -> Any:
             store.publish(acting_state(state), update + 1)
         on_update(update, shipments, metrics)
         done = update + 1
-        if save is not None and save_every and done % save_every == 0:
+        if save is not None and save_due(done):
             save(done, state)
             saved = done
+        if finished():
+            break
     if save is not None and done > saved:
         save(done, state)
     return state

@@ -32,7 +32,7 @@ from podracer.config import make_optimizer
 from podracer.envs.spec import check_masked_inputs
 from podracer.networks import is_recurrent
 from podracer.protocol import parallel
-from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor, warm_up
+from podracer.sebulba.actor import Acting, Actor, ActorSettings, make_acting, run_actor, thread_env_index, warm_up
 from podracer.sebulba.config import DeviceSplit, SebulbaLayout, make_layout, split_devices
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs, env_spec
@@ -77,25 +77,34 @@ def build(configs: RunSpec, devices=None) -> Setup:
     agent = algo.make_agent(network, optimizer, algo_config, spec, sebulba.rollout_len, (parallel.DATA_AXIS,),
                             num_envs=sebulba.num_envs)
     mesh = parallel.make_mesh(parallel.process_major(split.learner))
+    state, acting, step_fn, compile_s = compile_agent(
+        agent, jax.random.fold_in(jax.random.PRNGKey(run.seed), 0), spec, split, mesh, layout, sebulba.rollout_len)
+    return Setup(spec, split, layout, num_updates, network, agent, acting, mesh, state, step_fn, compile_s)
+
+
+def compile_agent(agent: Agent, key: jax.Array, spec: Any, split: DeviceSplit, mesh: Any, layout: Any,
+                  rollout_len: int) -> tuple[Any, Acting, Any, float]:
+    """`agent`'s initial state (from `key`, replicated over the learner `mesh`), its acting and its learner
+    step compiled for `layout`'s threads: `(state, acting, step_fn, compile_s)`. `layout` has the
+    `num_actor_threads`, `envs_per_thread` and `env_batch` of a `SebulbaLayout` (or ES's `ESLayout`)."""
     # One jitted call: eager initialisation would compile every small op on its own.
     init = jax.jit(agent.init, out_shardings=parallel.replicated(mesh),
                    compiler_options=parallel.run_once_options(mesh))
-    state = init(jax.random.fold_in(jax.random.PRNGKey(run.seed), 0))
+    state = init(key)
     compile_start = time.perf_counter()
     acting_state = jax.eval_shape(agent.acting_state, state)
-    acting = make_acting(agent, acting_state, spec)
+    acting = make_acting(agent, acting_state, spec, layout.envs_per_thread)
     # One actor thread of every process fills one global shipment.
-    shipment = shipment_shapes(agent, acting, acting_state, sebulba.rollout_len,
-                               layout.envs_per_thread * jax.process_count(), mesh)
+    shipment = shipment_shapes(agent, acting, acting_state, rollout_len, layout.envs_per_thread, mesh,
+                               jax.process_count())
     threads = layout.num_actor_threads
     step_fn = make_learn_step(agent.learn, mesh, agent.check_vma, agent.learned_state).lower(
         state, *((part,) * threads for part in shipment[:2]), jax.random.PRNGKey(0),
         (shipment[2],) * threads).compile()
     for device in dict.fromkeys(split.actor):
         warm_up(acting, parallel.local_replica(agent.acting_state(state)), device, layout.env_batch,
-                layout.envs_per_thread, sebulba.rollout_len)
-    return Setup(spec, split, layout, num_updates, network, agent, acting, mesh, state, step_fn,
-                 time.perf_counter() - compile_start)
+                layout.envs_per_thread, rollout_len)
+    return state, acting, step_fn, time.perf_counter() - compile_start
 
 
 def env_seed(seed: int, actor: int, first_update: int) -> int:
@@ -148,7 +157,8 @@ def train_agent(configs: RunSpec, devices=None):
                            seed=env_seed(run.seed, numbered, first_update))
         record = Actor(actor_id, envs, settings, split.actor[actor_id // sebulba.actor_threads],
                        setup.acting, store, queues[actor_id], setup.mesh,
-                       jax.random.fold_in(actor_key, numbered), control, timings)
+                       jax.random.fold_in(actor_key, numbered), control, timings,
+                       thread_env_index(numbered, layout.envs_per_thread))
         actors.append(actor_thread(control, run_actor, record, actor_id, "sebulba-actor"))
 
     logger = session.start(setup.num_updates * steps, setup.compile_s)

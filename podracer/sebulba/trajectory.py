@@ -26,6 +26,14 @@ every environment is done; then the trajectory is taken and the next one
 starts from the observations the actor holds. So every row of a trajectory was
 acted on by the same parameters, and a trajectory is a contiguous stretch of
 each environment's experience.
+
+For an agent that evaluates one new episode per environment and rollout
+(`Agent.fresh_episodes`), the actor resets the whole batch before each
+rollout (`restart`), and a column is complete as soon as its first episode
+ends: its remaining rows stay zeros, which the agent's `prepare` masks
+(`podracer.agent.first_episode`). The trajectory is taken once every
+environment's first episode has ended (or filled its T rows), not after T
+rows of each.
 """
 
 from __future__ import annotations
@@ -77,11 +85,14 @@ class TrajectoryBuilder:
     numpy calls.
     """
 
-    def __init__(self, rollout_len: int, num_envs: int, step: Any, carry: Any = ()):
+    def __init__(self, rollout_len: int, num_envs: int, step: Any, carry: Any = (), first_episode: bool = False):
         self.rollout_len = rollout_len
+        self._first_episode = first_episode  # a column ends with its first episode
         self.num_envs = num_envs
         self._step, self._carry_example = step, carry
         self._has_carry = bool(jax.tree.leaves(carry))
+        # Rows of an observation and an action only (no extras, no carry): written without flattening.
+        self._plain = not jax.tree.leaves((step[2], carry))
         self._fill = np.zeros(num_envs, np.int64)  # rows written per environment
         self._complete = np.zeros(num_envs, bool)  # T rows and a next observation
         # Where the result of each environment's last action goes (row T: nowhere), and why.
@@ -95,6 +106,7 @@ class TrajectoryBuilder:
         rows, n = (self.rollout_len + 1) * self.num_envs, self.num_envs
         obs = self._step[0]
         self._rows = _zeros((self._step, self._carry_example), rows)  # ((obs, action, extras), carry after)
+        self._row_leaves = jax.tree.leaves(self._rows)
         self._final_obs = _zeros(obs, rows)
         self._reward = np.zeros(rows, np.float32)
         self._terminated = np.zeros(rows, bool)
@@ -105,6 +117,16 @@ class TrajectoryBuilder:
         self._fill[:] = 0
         self._complete[:] = False
         self._counts = np.zeros(4, np.int64)  # results per fate, this trajectory
+
+    def restart(self) -> None:
+        """Every environment was reset: the results that follow answer no recorded action."""
+        self._row_of_action[:] = self.rollout_len
+        self._fate[:] = _UNSENT
+
+    @property
+    def complete(self) -> np.ndarray:
+        """[N] bool: the environments whose column is finished (read-only)."""
+        return self._complete
 
     @property
     def full(self) -> bool:
@@ -131,19 +153,24 @@ class TrajectoryBuilder:
         open_ = ~self._complete[env_ids]
         # A final observation is the final observation of the row that ended there.
         # (The writes of rare events are skipped when none happened: this runs every step.)
-        ended = open_ & obs_is_final & (fill > 0)
+        ended = open_ & obs_is_final & (fill > 0) if obs_is_final.any() else obs_is_final
         if ended.any():
             self._final_obs[np.where(ended, fill - 1, t) * n + env_ids] = obs
+            if self._first_episode:
+                self._complete[env_ids] |= ended
         # The observation after an environment's T-th row, and the carry to act on it with.
         at_end = open_ & (fill == t)
         if at_end.any():
             _scatter(self._next, np.where(at_end, env_ids, n), (obs, carry_in))
-            self._complete[env_ids] = ~open_ | at_end
+            self._complete[env_ids] |= at_end
         write = open_ & ~obs_is_final & (fill < t)
         row = np.where(write, fill, t)
         if self._has_carry:
             _scatter(self._initial_carry, np.where(write & (fill == 0), env_ids, n), carry_in)
-        _scatter(self._rows, row * n + env_ids, ((obs, action, extras), carry_out))
+        values = (obs, action) if self._plain else jax.tree.leaves(((obs, action, extras), carry_out))
+        index = row * n + env_ids
+        for buffer, value in zip(self._row_leaves, values, strict=True):
+            buffer[index] = value
         self._fill[env_ids] = fill + write
         self._row_of_action[env_ids] = row
         self._fate[env_ids] = np.where(write, _ROW, np.where(obs_is_final, _RESET, _DROPPED))
