@@ -114,7 +114,7 @@ def test_ars_v2_counts_only_the_observations_before_the_end():
     config = es.ESConfig(variant="ars_v2", population=4, horizon=200, top_directions=2)
     programs = _programs(env, config, jax.devices()[:1])
     _, experience = programs.act(programs.init(jax.random.PRNGKey(1)))
-    returns, seen = np.asarray(experience.batch[0]), experience.bootstrap_value  # each environment's
+    returns, seen = np.asarray(experience.batch[0])[0], experience.bootstrap_value  # each environment's
     # One observation per rewarded step (CartPole pays 1 a step), none after an episode's end.
     np.testing.assert_array_equal(np.asarray(seen.count), returns)
     assert np.all(returns < 200)
