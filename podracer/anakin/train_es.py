@@ -25,7 +25,6 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from podracer import population
 from podracer.acting import es_policy
-from podracer.agent import fixed_agent
 from podracer.anakin.calls import Calls, Init, Program, open_with_programs, run_calls
 from podracer.anakin.loop import AnakinConfig, make_programs
 from podracer.anakin.population import agent_inputs
@@ -130,18 +129,16 @@ def build(configs: RunSpec, devices=None, profile: bool = False) -> Program:
     # A generation is one rollout: each environment one episode of its member.
     sizes = AnakinConfig(num_envs=es_config.population * es_config.episodes_per_member, rollout_len=horizon,
                          updates_per_call=es_config.generations_per_call)
+    # Each agent's generations with its swept settings (none for one run); a population's agents are
+    # all on every device, the members of each one's generation split over the devices as for one.
     is_population = population.is_population(configs)
+    agent_for = lambda hparams, axes: make_agent(policy, None, population.configs_for(configs, hparams).agent,
+                                                 env.spec, horizon, axes)
+    programs = make_programs(env, agent_for, sizes, mesh, population=is_population)
+    init = Init.of_key(programs.init)
     if is_population:
-        # Each agent's generations with its swept settings; every device holds every agent and
-        # the members of each agent's generation are split over the devices, as for one agent.
-        agent_for = lambda hparams, axes: make_agent(policy, None, population.configs_for(configs, hparams).agent,
-                                                     env.spec, horizon, axes)
-        programs = make_programs(env, agent_for, sizes, mesh, population=True)
         keys, hparams = agent_inputs(population.agents(configs))
         init = Init(programs.init, lambda _key: (keys, hparams))
-    else:
-        programs = make_programs(env, fixed_agent(make_agent, policy, None, es_config, env.spec, horizon), sizes, mesh)
-        init = Init.of_key(programs.init)
     phases = (programs.act, programs.learn) if profile else None
     return Program(env, policy, layout, Calls(0, num_calls, steps_per_call), init, programs.train, phases)
 
