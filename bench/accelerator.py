@@ -4,7 +4,9 @@ Each row is a run of the launcher as a user would start it (`launch/tpu.py`,
 its own process, a time limit of its own), at the sizes an accelerator is
 bought for: Anakin PPO and IMPALA on CartPole with large batches, a population
 of 256 agents, ES with 4,096 members, brax and Craftax, Sebulba Pong on the
-host's cores, then PQN on MinAtar Breakout, SAC on brax and MuZero on CartPole. Brax's own PPO trainer runs beside podracer's brax row with the
+host's cores, then PQN on MinAtar Breakout, SAC on brax and MuZero on
+CartPole, and last `bench/envs.py`'s Jumanji rows (raw environment and PPO
+steps/s). Brax's own PPO trainer runs beside podracer's brax row with the
 same environment, batch and networks. A row reports the run's `sps` (env steps
 over training time, compilation excluded), `steady_sps` (the same after the
 first logged interval), `compile_s` and the final mean return.
@@ -81,6 +83,17 @@ ROWS: list[tuple[str, list[str], list[str] | None, int]] = [
 ]
 COMMON = ["--checkpoint-every=0", "--compile-cache=off"]
 
+# Bench scripts run whole, after the launcher rows: (name, the script and its flags,
+# the same for --dry or None, seconds allowed). A row keeps the script's last line,
+# its JSON result. At 64 environments on a GPU, Jumanji's PPO-to-raw ratio says
+# whether learning or the environment bounds PPO once the arithmetic is cheap.
+SCRIPT_ROWS: list[tuple[str, list[str], list[str] | None, int]] = [
+    ("envs-jumanji-64-envs",
+     ["bench/envs.py", "--suites", "jumanji:PacMan-v1", "jumanji:Snake-v1", "--no-brax-trainer",
+      "--no-recurrent"],
+     ["bench/envs.py", "--suites", "CartPole-v1", "--steps", "4096", "--calls", "1", "--no-brax-trainer"], 120),
+]
+
 # brax's own PPO trainer at the brax row's sizes: 4,096 envs x 16 steps an update,
 # 4 epochs of 16 minibatches of 4,096 transitions, 64x64 policy and value MLPs.
 BRAX_PEER = """
@@ -156,6 +169,21 @@ def run_row(name: str, flags: list[str], limit: int, workdir: str) -> dict:
     return row
 
 
+def run_script_row(name: str, argv: list[str], limit: int) -> dict:
+    row = {"row": name, "flags": " ".join(argv)}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=limit, cwd=REPO)
+        lines = done.stdout.strip().splitlines()
+        row["status"] = "ok" if done.returncode == 0 and lines else f"exit {done.returncode}: " + (
+            done.stderr.strip().splitlines() or ["?"])[-1][:200]
+        row["result"] = json.loads(lines[-1]) if row["status"] == "ok" else None
+    except subprocess.TimeoutExpired:
+        row.update(status=f"stopped at its {limit} s limit", result=None)
+    row["process_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
 def brax_peer(limit: int, steps: int = 20_000_000) -> dict:
     row = {"row": "brax-own-ppo-ant-4k-envs", "flags": "brax.training.agents.ppo.train, same sizes"}
     try:
@@ -207,6 +235,19 @@ def main() -> None:
             if name.startswith("anakin-ppo-brax") and not args.dry and left >= 20:
                 results["rows"].append(brax_peer(int(min(limit, left))))
                 print(f"brax's own PPO: {results['rows'][-1]}", flush=True)
+        for name, argv, dry_argv, limit in SCRIPT_ROWS:
+            if args.only is not None and name not in args.only:
+                continue
+            if args.dry and dry_argv is None:
+                results["rows"].append({"row": name, "status": "not run in --dry"})
+                continue
+            left = args.budget_s - (time.perf_counter() - started)
+            if left < 20:
+                results["rows"].append({"row": name, "status": "not run: past --budget-s"})
+                continue
+            row = run_script_row(name, dry_argv if args.dry else argv, int(min(180 if args.dry else limit, left)))
+            results["rows"].append(row)
+            print(f"{name}: {row['status']}, {json.dumps(row['result'])}", flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
 
