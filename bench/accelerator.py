@@ -5,8 +5,10 @@ its own process, a time limit of its own), at the sizes an accelerator is
 bought for: Anakin PPO and IMPALA on CartPole with large batches, a population
 of 256 agents, ES with 4,096 members, brax and Craftax, Sebulba Pong on the
 host's cores, then PQN on MinAtar Breakout, SAC on brax and MuZero on
-CartPole, and last `bench/envs.py`'s Jumanji rows (raw environment and PPO
-steps/s). Brax's own PPO trainer runs beside podracer's brax row with the
+CartPole, and last three bench scripts: `bench/offpolicy.py`'s PQN
+(MinAtar Breakout, against purejaxql's) and SAC (against brax's trainer) rows,
+and `bench/envs.py`'s Jumanji rows (raw environment and PPO steps/s). Rows
+past `--budget-s` are listed as not run; `--only` picks rows by name. Brax's own PPO trainer runs beside podracer's brax row with the
 same environment, batch and networks. A row reports the run's `sps` (env steps
 over training time, compilation excluded), `steady_sps` (the same after the
 first logged interval), `compile_s` and the final mean return.
@@ -88,6 +90,11 @@ COMMON = ["--checkpoint-every=0", "--compile-cache=off"]
 # its JSON result. At 64 environments on a GPU, Jumanji's PPO-to-raw ratio says
 # whether learning or the environment bounds PPO once the arithmetic is cheap.
 SCRIPT_ROWS: list[tuple[str, list[str], list[str] | None, int]] = [
+    # The value-based family against its peers at their own settings, alternated in one process:
+    # PQN on MinAtar Breakout against purejaxql's PQN, SAC against brax's SAC trainer.
+    ("offpolicy-pqn-breakout-minatar-vs-purejaxql",
+     ["bench/offpolicy.py", "--only", "Breakout-MinAtar", "--rounds", "6"], None, 150),
+    ("offpolicy-sac-inverted-pendulum-vs-brax", ["bench/offpolicy.py", "--only", "sac", "--rounds", "6"], None, 120),
     ("envs-jumanji-64-envs",
      ["bench/envs.py", "--suites", "jumanji:PacMan-v1", "jumanji:Snake-v1", "--no-brax-trainer",
       "--no-recurrent"],

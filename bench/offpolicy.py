@@ -13,6 +13,11 @@ alternated with it in this process, its peer at the same settings:
 - dqn on CartPole-v1, without a peer: `bench/peer_purejaxql.py` ports
   purejaxql's PQN only, so no purejaxql DQN runs here at the same settings;
   the row's peer fields are null and its `note` says why.
+- sac on brax `inverted_pendulum` against brax's own SAC trainer, in brax's
+  layout (one step, 4 gradient steps) and the preset's (8 steps, 32 gradient
+  steps): `bench/sac.py`'s side by side (its docstring has the settings), whose
+  rows this bench prints too; their `sps` and `peer_sps` are the medians of
+  `--rounds` alternated chunks, and they have no whole runs.
 
 `sps` is steady-state environment steps per second of training: podracer's
 compiled call (its preset's `updates_per_call` updates) and the peer compiled
@@ -45,6 +50,7 @@ import jax
 import numpy as np
 
 import peer_purejaxql
+import sac as sac_bench
 from podracer.anakin.train import build
 from podracer.orchestrate.parse import parse_configs
 
@@ -159,6 +165,7 @@ def main():
     args = parser.parse_args()
     results, table = [], []
     fmt = lambda v: "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else str(v)
+    ratio = lambda v: "-" if v is None else f"{v:.2f}"
     for case in [c for c in CASES if args.only in c.env or args.only == c.algo]:
         steps = int(case.steps * args.steps)
         sps, peer_sps = steady_state(case, steps, args.rounds)
@@ -177,9 +184,22 @@ def main():
                "peer_final_return": p and p.final_return, "peer_compile_s": p and p.compile_s,
                "ratio_to_peer": peer_sps and sps / peer_sps, "note": case.note}
         results.append(row)
-        table.append((case.algo, case.env, f"{steps:,}", fmt(sps), fmt(peer_sps), fmt(row["ratio_to_peer"]),
+        table.append((case.algo, case.env, f"{steps:,}", fmt(sps), fmt(peer_sps), ratio(row["ratio_to_peer"]),
                       fmt(o.time_to_score_s), fmt(p and p.time_to_score_s), f"{case.score:g}",
                       fmt(o.final_return), fmt(p and p.final_return), row["peer"] or "-"))
+    if args.only == "sac" or args.only in f"brax:{sac_bench.ENV}":
+        measured = sac_bench.side_by_side(args.rounds)
+        for layout in ("same layout", "preset layout"):
+            ours = measured[layout]
+            row = {"algo": "sac", "env": f"brax:{sac_bench.ENV}", "layout": layout,
+                   "steps": (args.rounds + 1) * sac_bench.CHUNK_STEPS, "sps": ours["sps"],
+                   "final_return": ours["return"], "peer": "brax.training.agents.sac",
+                   "peer_sps": measured["brax_sps"], "peer_final_return": measured["brax_return"],
+                   "ratio_to_peer": ours["sps"] / measured["brax_sps"], "note": f"{layout}; no whole runs"}
+            results.append(row)
+            table.append(("sac", f"{row['env']} ({layout})", f"{row['steps']:,}", fmt(row["sps"]),
+                          fmt(row["peer_sps"]), ratio(row["ratio_to_peer"]), "-", "-", "-", fmt(ours["return"]),
+                          fmt(measured["brax_return"]), row["peer"]))
     common.report("Off-policy and value-based agents on Anakin, one device", table,
                   ("algo", "env", "steps", "steps/s", "peer steps/s", "ratio", "time to score s",
                    "peer time to score s", "score", "final return", "peer final return", "peer"),
