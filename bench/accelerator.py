@@ -176,7 +176,8 @@ def run_row(name: str, flags: list[str], limit: int, workdir: str) -> dict:
     return row
 
 
-def run_script_row(name: str, argv: list[str], limit: int) -> dict:
+def run_script_row(name: str, argv: list[str], limit: int, workdir: str) -> dict:
+    """A bench script run whole (`workdir` unused: a script keeps no run directory)."""
     row = {"row": name, "flags": " ".join(argv)}
     start = time.perf_counter()
     try:
@@ -224,7 +225,9 @@ def main() -> None:
     results = {"device": device_name(), "dry": args.dry, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "rows": []}
     with tempfile.TemporaryDirectory(prefix="podracer-accelerator-") as workdir:
-        for name, flags, dry_flags, limit in ROWS:
+        # The launcher rows, then the bench scripts: each skipped where --dry or the budget says so.
+        every_row = [(*row, run_row) for row in ROWS] + [(*row, run_script_row) for row in SCRIPT_ROWS]
+        for name, flags, dry_flags, limit, run in every_row:
             if args.only is not None and name not in args.only:
                 continue
             if args.dry and dry_flags is None:
@@ -235,26 +238,15 @@ def main() -> None:
                 results["rows"].append({"row": name, "status": "not run: past --budget-s"})
                 continue
             limit = int(min(180 if args.dry else limit, left))
-            row = run_row(name, dry_flags if args.dry else flags, limit, workdir)
+            row = run(name, dry_flags if args.dry else flags, limit, workdir)
             results["rows"].append(row)
-            print(f"{name}: {row['status']}, sps {row['sps']}, steady {row['steady_sps']}", flush=True)
+            measured = (f"{json.dumps(row['result'])}" if run is run_script_row
+                        else f"sps {row['sps']}, steady {row['steady_sps']}")
+            print(f"{name}: {row['status']}, {measured}", flush=True)
             left = args.budget_s - (time.perf_counter() - started)
             if name.startswith("anakin-ppo-brax") and not args.dry and left >= 20:
                 results["rows"].append(brax_peer(int(min(limit, left))))
                 print(f"brax's own PPO: {results['rows'][-1]}", flush=True)
-        for name, argv, dry_argv, limit in SCRIPT_ROWS:
-            if args.only is not None and name not in args.only:
-                continue
-            if args.dry and dry_argv is None:
-                results["rows"].append({"row": name, "status": "not run in --dry"})
-                continue
-            left = args.budget_s - (time.perf_counter() - started)
-            if left < 20:
-                results["rows"].append({"row": name, "status": "not run: past --budget-s"})
-                continue
-            row = run_script_row(name, dry_argv if args.dry else argv, int(min(180 if args.dry else limit, left)))
-            results["rows"].append(row)
-            print(f"{name}: {row['status']}, {json.dumps(row['result'])}", flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
 
