@@ -8,8 +8,9 @@ host's cores, then PQN on MinAtar Breakout, SAC on brax and MuZero on
 CartPole, and last three bench scripts: `bench/offpolicy.py`'s PQN
 (MinAtar Breakout, against purejaxql's) and SAC (against brax's trainer) rows,
 and `bench/envs.py`'s Jumanji rows (raw environment and PPO steps/s). Rows
-past `--budget-s` are listed as not run; `--only` picks rows by name. Brax's own PPO trainer runs beside podracer's brax row with the
-same environment, batch and networks. A row reports the run's `sps` (env steps
+past `--budget-s` are listed as not run; `--only` picks rows by name. Brax's
+own PPO trainer runs beside podracer's brax row with the same environment,
+batch and networks. A row reports the run's `sps` (env steps
 over training time, compilation excluded), `steady_sps` (the same after the
 first logged interval), `compile_s` and the final mean return.
 
@@ -23,6 +24,7 @@ the same JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -87,14 +89,15 @@ COMMON = ["--checkpoint-every=0", "--compile-cache=off"]
 
 # Bench scripts run whole, after the launcher rows: (name, the script and its flags,
 # the same for --dry or None, seconds allowed). A row keeps the script's last line,
-# its JSON result. At 64 environments on a GPU, Jumanji's PPO-to-raw ratio says
-# whether learning or the environment bounds PPO once the arithmetic is cheap.
+# its JSON result.
 SCRIPT_ROWS: list[tuple[str, list[str], list[str] | None, int]] = [
     # The value-based family against its peers at their own settings, alternated in one process:
     # PQN on MinAtar Breakout against purejaxql's PQN, SAC against brax's SAC trainer.
     ("offpolicy-pqn-breakout-minatar-vs-purejaxql",
      ["bench/offpolicy.py", "--only", "Breakout-MinAtar", "--rounds", "6"], None, 150),
     ("offpolicy-sac-inverted-pendulum-vs-brax", ["bench/offpolicy.py", "--only", "sac", "--rounds", "6"], None, 120),
+    # At 64 environments on a GPU, Jumanji's PPO-to-raw ratio says whether learning or the
+    # environment bounds PPO once the arithmetic is cheap.
     ("envs-jumanji-64-envs",
      ["bench/envs.py", "--suites", "jumanji:PacMan-v1", "jumanji:Snake-v1", "--no-brax-trainer",
       "--no-recurrent"],
@@ -176,8 +179,8 @@ def run_row(name: str, flags: list[str], limit: int, workdir: str) -> dict:
     return row
 
 
-def run_script_row(name: str, argv: list[str], limit: int, workdir: str) -> dict:
-    """A bench script run whole (`workdir` unused: a script keeps no run directory)."""
+def run_script_row(name: str, argv: list[str], limit: int) -> dict:
+    """A bench script run whole, its last line (its JSON result) kept."""
     row = {"row": name, "flags": " ".join(argv)}
     start = time.perf_counter()
     try:
@@ -226,7 +229,8 @@ def main() -> None:
                "rows": []}
     with tempfile.TemporaryDirectory(prefix="podracer-accelerator-") as workdir:
         # The launcher rows, then the bench scripts: each skipped where --dry or the budget says so.
-        every_row = [(*row, run_row) for row in ROWS] + [(*row, run_script_row) for row in SCRIPT_ROWS]
+        launch = functools.partial(run_row, workdir=workdir)
+        every_row = [(*row, launch) for row in ROWS] + [(*row, run_script_row) for row in SCRIPT_ROWS]
         for name, flags, dry_flags, limit, run in every_row:
             if args.only is not None and name not in args.only:
                 continue
@@ -238,9 +242,9 @@ def main() -> None:
                 results["rows"].append({"row": name, "status": "not run: past --budget-s"})
                 continue
             limit = int(min(180 if args.dry else limit, left))
-            row = run(name, dry_flags if args.dry else flags, limit, workdir)
+            row = run(name, dry_flags if args.dry else flags, limit)
             results["rows"].append(row)
-            measured = (f"{json.dumps(row['result'])}" if run is run_script_row
+            measured = (json.dumps(row["result"]) if run is run_script_row
                         else f"sps {row['sps']}, steady {row['steady_sps']}")
             print(f"{name}: {row['status']}, {measured}", flush=True)
             left = args.budget_s - (time.perf_counter() - started)
