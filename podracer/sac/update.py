@@ -112,11 +112,10 @@ def make_update(networks: SACNetworks, optimizer: optax.GradientTransformation, 
         return optax.apply_updates(params, updates), opt_state
 
     def update(state: SACState, batch: Transitions, key: jax.Array):
-        # Noise for the whole minibatch, then this device's share: the draws do not depend on the split.
-        noise_key, next_key = jax.random.split(key)
+        # Noise for the whole minibatch, both samples in one draw (one threefry pass, not a split and two),
+        # then this device's share: the draws do not depend on the split.
         size = batch.reward.shape[0]
-        noise = jax.random.normal(noise_key, (size, action_dim))
-        next_noise = jax.random.normal(next_key, (size, action_dim))
+        noise, next_noise = jax.random.normal(key, (2, size, action_dim))
         share = device_share((batch, noise, next_noise), axis_names)
         params, opts = state.params, state.opt_state
         trainable = (params.actor, params.critic, params.log_alpha)
