@@ -113,6 +113,12 @@ def first_episode(trajectory: Trajectory) -> jax.Array:
     return jnp.arange(rows)[:, None] <= first_end[None, :]
 
 
+def same_for_every_env(acting_state, env_index):
+    """`Agent.for_rollout`'s default: every environment acts with the acting state itself."""
+    del env_index
+    return acting_state
+
+
 class Agent(NamedTuple):
     """An agent as pure functions; `make_agent(..., axis_names)` of each agent folder builds one.
 
@@ -144,7 +150,7 @@ class Agent(NamedTuple):
     acting_state: Callable[[Any], Any] = lambda state: state
     """`acting_state(state) -> the part of it that `act` and `prepare` read`: what Sebulba's learner
     publishes to its actors after every update (default: the whole state)."""
-    for_rollout: Callable[[Any, jax.Array], Any] = lambda acting_state, env_index: acting_state
+    for_rollout: Callable[[Any, jax.Array], Any] = same_for_every_env
     """`for_rollout(acting_state, env_index [B]) -> what `act` and `prepare` are given in its place` for
     one rollout, computed once before it from the global indices of this device's environments
     (default: the acting state itself). An agent whose environments act with different parameters

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from podracer.agent import Agent, Trajectory
+from podracer.agent import Agent, Trajectory, same_for_every_env
 from podracer.protocol import parallel
 from podracer.sebulba.control import Control
 from podracer.sebulba.envs import EnvPoolEnvs
@@ -112,7 +112,7 @@ def make_acting(agent: Agent, acting_state: Any, spec: Any, num_envs: int | None
         return key, jax.tree.map(lambda x: x.reshape(calls, batch, *x.shape[1:]), randomness)
 
     for_rollout = None
-    if agent.for_rollout is not Agent._field_defaults["for_rollout"]:
+    if agent.for_rollout is not same_for_every_env:
         if num_envs is None:
             raise ValueError("make_acting needs num_envs for an agent with its own for_rollout")
         for_rollout = jax.jit(agent.for_rollout)
