@@ -17,7 +17,8 @@ alternated with it in this process, its peer at the same settings:
   layout (one step, 4 gradient steps) and the preset's (8 steps, 32 gradient
   steps): `bench/sac.py`'s side by side (its docstring has the settings), whose
   rows this bench prints too; their `sps` and `peer_sps` are the medians of
-  `--rounds` alternated chunks, and they have no whole runs.
+  `--rounds` alternated chunks, and their times to a score come from those
+  chunks (they have no whole runs).
 
 `sps` is steady-state environment steps per second of training: podracer's
 compiled call (its preset's `updates_per_call` updates) and the peer compiled
@@ -192,13 +193,17 @@ def main():
         for layout in ("same layout", "preset layout"):
             ours = measured[layout]
             row = {"algo": "sac", "env": f"brax:{sac_bench.ENV}", "layout": layout,
-                   "steps": (args.rounds + 1) * sac_bench.CHUNK_STEPS, "sps": ours["sps"],
-                   "final_return": ours["return"], "peer": "brax.training.agents.sac",
-                   "peer_sps": measured["brax_sps"], "peer_final_return": measured["brax_return"],
-                   "ratio_to_peer": ours["sps"] / measured["brax_sps"], "note": f"{layout}; no whole runs"}
+                   "steps": (args.rounds + 1) * sac_bench.CHUNK_STEPS, "score": sac_bench.SCORE,
+                   "sps": ours["sps"], "time_to_score_s": ours["time_to_score_s"], "final_return": ours["return"],
+                   "peer": "brax.training.agents.sac", "peer_sps": measured["brax_sps"],
+                   "peer_time_to_score_s": measured["brax_time_to_score_s"],
+                   "peer_final_return": measured["brax_return"],
+                   "ratio_to_peer": ours["sps"] / measured["brax_sps"],
+                   "note": f"{layout}; times to score from the alternated chunks, no whole runs"}
             results.append(row)
             table.append(("sac", f"{row['env']} ({layout})", f"{row['steps']:,}", fmt(row["sps"]),
-                          fmt(row["peer_sps"]), ratio(row["ratio_to_peer"]), "-", "-", "-", fmt(ours["return"]),
+                          fmt(row["peer_sps"]), ratio(row["ratio_to_peer"]), fmt(ours["time_to_score_s"]),
+                          fmt(measured["brax_time_to_score_s"]), f"{sac_bench.SCORE:g}", fmt(ours["return"]),
                           fmt(measured["brax_return"]), row["peer"]))
     common.report("Off-policy and value-based agents on Anakin, one device", table,
                   ("algo", "env", "steps", "steps/s", "peer steps/s", "ratio", "time to score s",
