@@ -32,6 +32,7 @@ import itertools
 import statistics
 import time
 import warnings
+from typing import Any, Callable, NamedTuple
 
 import common  # noqa: F401  (puts the repository on sys.path)
 import jax
@@ -50,8 +51,14 @@ CHUNK_STEPS = 2048  # environment steps per chunk, each side
 SCORE = 50.0  # the return `time_to_score_s` waits for: steps with the pole up, of 1,000 (untrained: about 20)
 
 
-def podracer_sac(rollout_len: int):
-    """podracer's compiled SAC call of CHUNK_STEPS environment steps, and its runner."""
+class Compiled(NamedTuple):
+    train: Callable  # the compiled call of CHUNK_STEPS environment steps
+    runner: Any  # its first input
+    compile_s: float
+
+
+def podracer_sac(rollout_len: int) -> Compiled:
+    """podracer's compiled SAC call of CHUNK_STEPS environment steps, its runner and its compile time."""
     env = make_env(f"brax:{ENV}")
     networks = sac.make_networks(env.spec.obs_shape, env.spec.action_dim, HIDDEN, "relu", env.spec.action_low,
                                  env.spec.action_high)
@@ -67,7 +74,7 @@ def podracer_sac(rollout_len: int):
     runner = programs.init(jax.random.PRNGKey(0))
     start = time.perf_counter()
     train = programs.train.lower(runner).compile()
-    return train, runner, time.perf_counter() - start
+    return Compiled(train, runner, time.perf_counter() - start)
 
 
 def time_to_score(start_s: float, seconds: list[float], returns: list[float | None]) -> float | None:
@@ -80,7 +87,7 @@ def time_to_score(start_s: float, seconds: list[float], returns: list[float | No
 
 def side_by_side(rounds: int) -> dict:
     ours = {name: podracer_sac(rollout_len) for name, rollout_len in (("same layout", 1), ("preset layout", 8))}
-    runners = {name: runner for name, (_, runner, _) in ours.items()}
+    runners = {name: compiled.runner for name, compiled in ours.items()}
     our_seconds = {name: [] for name in ours}
     our_returns = {name: [] for name in ours}  # per chunk: its ended episodes' mean, the last one if none ended
     brax_sps, brax_return, brax_walltime = [], [], []
@@ -91,8 +98,8 @@ def side_by_side(rounds: int) -> dict:
         brax_sps.append(float(metrics["training/sps"]))
         brax_return.append(float(metrics["eval/episode_reward"]))
         brax_walltime.append(float(metrics["training/walltime"]))  # its training so far: prefill, compiling epoch
-        for name, (train, _, _) in ours.items():
-            (runners[name], out), seconds = common.timed(train, runners[name])
+        for name, compiled in ours.items():
+            (runners[name], out), seconds = common.timed(compiled.train, runners[name])
             our_seconds[name].append(seconds)
             episodes = int(np.sum(out["episodes"]))
             last = our_returns[name][-1] if our_returns[name] else None
@@ -116,7 +123,7 @@ def side_by_side(rounds: int) -> dict:
             "brax_time_to_score_s": brax_reached,
             **{name: {"sps": statistics.median([CHUNK_STEPS / t for t in seconds[1:]]),
                       "return": our_returns[name][-1],
-                      "time_to_score_s": time_to_score(ours[name][2], seconds, our_returns[name])}
+                      "time_to_score_s": time_to_score(ours[name].compile_s, seconds, our_returns[name])}
                for name, seconds in our_seconds.items()}}
 
 
